@@ -1,0 +1,34 @@
+# Every target creates/uses .venv and installs what it needs by itself.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.zephon-installed
+# The CPU build of torch lies on disk here; pinning it avoids a multi-GB CUDA download.
+TORCH   := torch==2.13.0
+
+.PHONY: test demo bench lint clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -q "$(TORCH)"
+	$(VPY) -m pip install -q -e ".[test,demo]" "$(TORCH)"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(VPY) -m pytest -q -p no:cacheprovider tests
+
+demo: $(STAMP)
+	$(VPY) examples/core_resume_demo.py
+
+bench: $(STAMP)
+	$(VPY) benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(VPY) -m pip install -q ruff
+	$(VPY) -m ruff check zephon_core zephon_integrations tests examples benchmarks
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,49 @@
+"""Shared builders for tests: small deterministic corpora and reference pipelines."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zephon_core import Pipeline, StaticMixtureWorkSource
+
+
+def make_docs(n: int, lo: int, hi: int, seed: int, letter: str) -> list[dict]:
+    """``n`` documents of random length in [lo, hi) with distinct contents."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i, length in enumerate(rng.integers(lo, hi, n)):
+        body = f"{letter}{i}:" + "".join(chr(97 + int(x)) for x in rng.integers(0, 26, int(length)))
+        docs.append({"text": body, "id": f"{letter}{i}"})
+    return docs
+
+
+PROSE = make_docs(160, 5, 700, 1, "p")
+CODE = make_docs(90, 5, 1500, 2, "c")
+
+
+def byte_tokenize(payload: dict) -> dict:
+    """Byte-level tokens (int32), keeping the document id."""
+    ids = np.frombuffer(payload["text"].encode(), dtype=np.uint8).astype(np.int32)
+    return {"input_ids": ids, "id": payload["id"]}
+
+
+def source(chunk_size: int = 8, seed: int = 7, num_epochs: int | None = None,
+           weights=(0.7, 0.3)) -> StaticMixtureWorkSource:
+    return StaticMixtureWorkSource({"prose": PROSE, "code": CODE},
+                                   {"prose": weights[0], "code": weights[1]},
+                                   chunk_size=chunk_size, seed=seed, num_epochs=num_epochs)
+
+
+def reference_pipeline(*, lanes: int = 4, k: int | None = 2, chunk_size: int = 8,
+                       seq_len: int = 128, batch_size: int = 4, prefetch: int = 3,
+                       parallelism: int = 2, num_epochs: int | None = None) -> Pipeline:
+    """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
+    return (Pipeline(source(chunk_size, num_epochs=num_epochs), canonical_replicas=lanes,
+                     flush_every_k_chunks=k, seed=11, prefetch=prefetch)
+            .fetch(parallelism=parallelism)
+            .map(byte_tokenize, parallelism=parallelism, name="tokenize")
+            .split(max_len=seq_len)
+            .pack(seq_len=seq_len, bins=4)
+            .shuffle(buffer_size=16)
+            .ensure_mixture(window=8)
+            .batch(batch_size=batch_size))

@@ -1,0 +1,1 @@
+"""Checkpoint schema, codec, fingerprint and the replay filter."""

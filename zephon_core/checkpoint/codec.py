@@ -1,0 +1,86 @@
+"""Checkpoint bytes: msgpack inside zstd behind a magic header; atomic file writes.
+
+Decoding never executes code (no pickle) and bounds the decompressed size,
+so a hostile or corrupted file yields :class:`CorruptCheckpoint`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import msgpack
+import zstandard
+
+from ..errors import CorruptCheckpoint
+
+MAGIC = b"ZEPHON\x01"
+MAX_DECOMPRESSED = 512 * 1024 * 1024
+
+
+def encode(state: dict[str, Any], level: int = 3) -> bytes:
+    raw = msgpack.packb(state, use_bin_type=True)
+    return MAGIC + zstandard.ZstdCompressor(level=level, write_content_size=True).compress(raw)
+
+
+def decode(data: bytes, max_size: int = MAX_DECOMPRESSED) -> dict[str, Any]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CorruptCheckpoint(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if not data.startswith(MAGIC):
+        raise CorruptCheckpoint("not a Zephon checkpoint file (bad magic header)")
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data[len(MAGIC):], max_output_size=max_size)
+    except zstandard.ZstdError as e:
+        raise CorruptCheckpoint(f"checkpoint is truncated or corrupted (zstd: {e})") from e
+    try:
+        state = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise CorruptCheckpoint(f"checkpoint payload is corrupted (msgpack: {e})") from e
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint("checkpoint payload is not a mapping")
+    return state
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` so readers see either the old file or the whole new one."""
+    path = os.fspath(path)
+    if _is_url(path):
+        import fsspec
+
+        fs, p = fsspec.core.url_to_fs(path)
+        tmp = f"{p}.tmp-{os.getpid()}"
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        fs.mv(tmp, p)
+        return
+    path = path.removeprefix("file://")
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".zephon-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    path = os.fspath(path)
+    if _is_url(path):
+        import fsspec
+
+        with fsspec.open(path, "rb") as f:
+            return f.read()
+    with open(path.removeprefix("file://"), "rb") as f:
+        return f.read()

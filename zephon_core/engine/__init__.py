@@ -1,0 +1,1 @@
+"""Compile, stages, runners, pump, lanes."""

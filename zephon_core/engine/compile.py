@@ -1,0 +1,168 @@
+"""compile(): validate a pipeline description and plan how it runs.
+
+* eviction mode -- monotone when every operator keeps cursor order, else
+  epoch-based; ``flush_every_k_chunks`` is validated against it;
+* the replay filter is inserted right before ``batch`` (or at the tail) and
+  named after its neighbour;
+* operators are grouped into stages: runs of stateless order-keeping
+  operators with parallelism > 1 form a ``threads`` stage working on
+  microbatches; everything else runs ``inline``, item by item.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint.fingerprint import fingerprint
+from ..checkpoint.replay_filter import ReplayFilter
+from ..errors import ConfigError
+from ..ops.base import Operator, OpContext
+from ..ops.batch import BatchOp
+from ..rng import derive_seed
+
+log = logging.getLogger(__name__)
+
+DEFAULT_K = 4
+
+
+@dataclass(frozen=True)
+class Stage:
+    runner: str              # "threads" | "inline"
+    ops: tuple[Operator, ...]
+
+    @property
+    def cap(self) -> int:
+        return max(op.parallelism for op in self.ops) if self.runner == "threads" else 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: Any
+    ops: tuple[Operator, ...]
+    stages: tuple[Stage, ...]
+    replay_filter: ReplayFilter | None
+    epoch_based: bool
+    k: int
+    num_lanes: int
+    seed: int
+    prefetch: int
+    queue_size: int
+    checkpointing: bool
+    config: dict[str, Any]
+    fingerprint: str
+
+    def explain(self) -> str:
+        lines = []
+        for i, st in enumerate(self.stages):
+            mode = "microbatches" if st.runner == "threads" else "stream_items"
+            lines.append(f"Stage[{i}] place=local runner={st.runner} cap={st.cap} mode={mode}")
+            sep = f" -[in_q={self.queue_size}]-> " if st.runner == "threads" else " -> "
+            lines.append("  " + sep.join(op.label() for op in st.ops))
+            if i + 1 < len(self.stages):
+                lines.append(f"  --[stage_out={self.queue_size}]-->")
+        lines.append(f"  ==[final_prefetch={self.prefetch}]==> pipeline_end")
+        return "\n".join(lines)
+
+
+def _fresh(op: Operator) -> Operator:
+    """A private copy of ``op`` for one run; bind() gives built-ins fresh lane state."""
+    if type(op).__module__.startswith("zephon_core."):
+        return copy.copy(op)
+    try:
+        return copy.deepcopy(op)
+    except Exception:  # noqa: BLE001 - user objects that refuse deepcopy still run
+        return copy.copy(op)
+
+
+def _validate_ops(ops: list[Operator]) -> None:
+    for i, op in enumerate(ops):
+        if not isinstance(op, Operator):
+            raise ConfigError(f"operator #{i} ({op!r}) is not a zephon_core.Operator; "
+                              "subclass Operator and pass it to pipe.then(op)")
+        p = op.parallelism
+        if not isinstance(p, int) or p < 1:
+            raise ConfigError(f"operator {op.name!r}: parallelism={p!r} must be an int >= 1")
+        if p > 1 and not op.traits.stateless:
+            raise ConfigError(f"operator {op.name!r} keeps state, so it cannot run with "
+                              f"parallelism={p}; use parallelism=1")
+    batches = [i for i, op in enumerate(ops) if isinstance(op, BatchOp)]
+    if len(batches) > 1:
+        raise ConfigError(f"the pipeline has {len(batches)} batch operators; use one batch() "
+                          "at the end")
+    if batches:
+        for op in ops[batches[0] + 1:]:
+            if not op.traits.preserves_cursor_order or not op.traits.stateless:
+                raise ConfigError(
+                    f"operator {op.name!r} after batch() buffers or reorders; only stateless "
+                    "1:1 operators (e.g. map) may follow batch(), move it before batch()")
+    names = [op.name for op in ops]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ConfigError(f"operator names {dups} are used twice; pass name=... to tell them "
+                          "apart (names identify operators in errors and stats)")
+
+
+def resolve_k(k: int | None, monotone: bool) -> int:
+    if k is None:
+        return 0 if monotone else DEFAULT_K
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(f"flush_every_k_chunks={k!r} must be an int >= 0")
+    if monotone and k > 0:
+        warnings.warn(f"flush_every_k_chunks={k} on a pipeline whose operators all keep "
+                      "cursor order: sentinels buy nothing there and would perturb batch "
+                      "boundaries, so it is forced to 0", stacklevel=4)
+        return 0
+    if not monotone and k == 0:
+        raise ConfigError("flush_every_k_chunks=0 on a pipeline with reordering or "
+                          "history-keeping operators (pack, shuffle, ensure_mixture): without "
+                          "flush sentinels nothing could ever be evicted; set "
+                          f"flush_every_k_chunks to a positive value such as {DEFAULT_K}")
+    return k
+
+
+def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | None, seed: int,
+                 prefetch: int, queue_size: int, checkpointing: bool) -> Plan:
+    _validate_ops(ops)
+    ops = [_fresh(op) for op in ops]
+    monotone = all(op.traits.preserves_cursor_order for op in ops)
+    k = resolve_k(k, monotone)
+
+    replay_filter = None
+    if checkpointing:
+        batch_at = next((i for i, op in enumerate(ops) if isinstance(op, BatchOp)), None)
+        at = batch_at if batch_at is not None else len(ops)
+        neighbour = ops[batch_at].name if batch_at is not None else (
+            ops[-1].name if ops else "source")
+        replay_filter = ReplayFilter(f"{neighbour}_replay_filter", monotone=monotone)
+        ops.insert(at, replay_filter)
+
+    for i, op in enumerate(ops):
+        op.bind(OpContext(seed=derive_seed(seed, "op", i, op.name), index=i,
+                          component_names=tuple(source.component_names),
+                          weights=tuple(source.weights), source=source,
+                          upstream=tuple(ops[:i])))
+
+    stages: list[Stage] = []
+    for op in ops:
+        runner = "threads" if (op.traits.stateless and op.traits.preserves_cursor_order
+                               and op.parallelism > 1) else "inline"
+        if stages and stages[-1].runner == runner:
+            stages[-1] = Stage(runner, stages[-1].ops + (op,))
+        else:
+            stages.append(Stage(runner, (op,)))
+
+    config = {
+        "canonical_replicas": num_lanes,
+        "flush_every_k_chunks": k,
+        "seed": seed,
+        "source": source.describe(),
+        "ops": [op.describe() for op in ops if op is not replay_filter],
+    }
+    return Plan(source=source, ops=tuple(ops), stages=tuple(stages),
+                replay_filter=replay_filter, epoch_based=not monotone, k=k,
+                num_lanes=num_lanes, seed=seed, prefetch=prefetch, queue_size=queue_size,
+                checkpointing=checkpointing, config=config, fingerprint=fingerprint(config))

@@ -1,0 +1,253 @@
+"""One lane's stream: source -> stages -> outputs, each carrying its lane state.
+
+The engine source stream works in two phases (see the seed page):
+
+1. restored inflight chunks are yielded first, by chunk id, with flush
+   sentinels re-injected at the stored boundaries;
+2. new chunks come from the restored WorkSource, with a sentinel after every
+   ``k``-th chunk of the lane.
+
+Both phases ask one place -- the tracker's boundary list -- whether a sentinel
+follows a chunk. A boundary is recorded when the chunk before it is pulled
+from the source (atomically with the chunk and the source state), so a
+checkpoint always knows about the sentinel that follows its last chunk (the
+trailing boundary).
+
+Events flowing between stages are ``(RECS, [Record, ...])``, ``(FLUSH,
+boundary)`` and ``(END, None)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from typing import Any, NamedTuple
+
+from ..checkpoint.state import LaneState
+from ..errors import ContractViolation, PipelineError
+from ..ops.base import Operator
+from ..ops.batch import BatchOp
+from ..records import TOMBSTONE, Contributor, Record, SampleCursor
+from ..sources.chunk import WorkChunk
+from ..tracking.eviction import Delivery, LaneTracker
+from ..tracking.ledger import LaneLedger
+from .compile import Plan, Stage
+
+RECS, FLUSH, END = 0, 1, 2
+
+END_OF_LANE: Any = object()  # payload of the last output of a finite lane
+
+
+class Output(NamedTuple):
+    payload: Any
+    state: Delivery | None
+
+
+def pointer_records(chunk: WorkChunk) -> list[Record]:
+    lane, cid = chunk.lane, chunk.chunk_id
+    return [Record((comp, row), SampleCursor(lane, cid, i, 0),
+                   [Contributor(cid, i, 0, True, comp, 0)])
+            for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))]
+
+
+def _call_failed(op: Operator, lane: int, record: Record | None, e: Exception) -> PipelineError:
+    where = f" at cursor {tuple(record.cursor)}" if record is not None else ""
+    err = PipelineError(f"operator {op.name!r} failed on lane {lane}{where}: "
+                        f"{type(e).__name__}: {e}")
+    err.operator = op.name
+    err.cursor = record.cursor if record is not None else None
+    return err
+
+
+def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
+            tombs: list[Record]) -> list[Record]:
+    """Push a microbatch through ``ops`` layer by layer; tombstones skip to ``tombs``.
+
+    Layer-by-layer equals item-by-item because each operator's output depends
+    only on the sequence of its own inputs.
+    """
+    for op in ops:
+        if not records:
+            return records
+        live = []
+        for r in records:
+            if r.payload is TOMBSTONE:
+                tombs.append(r)
+            else:
+                live.append(r)
+        try:
+            records = op.process_many(live, lane)
+        except PipelineError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with where it came from
+            raise _call_failed(op, lane, live[0] if len(live) == 1 else None, e) from e
+    return records
+
+
+class LaneStream:
+    """The producer side of one lane. ``outputs`` is a generator of :class:`Output`."""
+
+    def __init__(self, plan: Plan, lane: int, restored: LaneState | None,
+                 pool: Executor | None):
+        self.plan = plan
+        self.lane = lane
+        self.pool = pool
+        self.source = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
+        n_comp = len(plan.source.component_names)
+        if restored is not None:
+            self.source.load_state_dict(restored.source)
+            self.replay = deque(restored.chunks)
+            self.chunks_replayed = len(restored.chunks)
+            floor, next_id = restored.floor, restored.next_chunk
+            boundaries, cursor = restored.boundaries, restored.cursor
+            delivered, exhausted = restored.delivered, restored.exhausted
+            tokens = list(restored.tokens) + [0] * (n_comp - len(restored.tokens))
+            source_state = restored.source
+        else:
+            self.replay = deque()
+            self.chunks_replayed = 0
+            floor = next_id = delivered = 0
+            boundaries, cursor, exhausted, tokens = [], None, False, [0] * n_comp
+            source_state = self._source_state() if plan.checkpointing else {}
+        self.next_id = next_id
+        self.tracker = LaneTracker(plan.epoch_based, floor, boundaries, cursor, delivered,
+                                   n_comp)
+        self.tracker.tokens = tokens
+        self.ledger = LaneLedger(lane, list(self.replay), boundaries, source_state, next_id)
+        self.initial = Delivery(floor, cursor, delivered, exhausted, tuple(tokens))
+        if plan.replay_filter is not None:
+            plan.replay_filter.set_target(lane, cursor)
+        self.outputs: Iterator[Output] = self._outputs(exhausted)
+
+    def _source_state(self) -> dict:
+        return copy.deepcopy(self.source.state_dict())
+
+    # -- phase 1 and phase 2 -------------------------------------------------
+    def _chunks(self) -> Iterator[tuple[int, Any]]:
+        tracker, checkpointing = self.tracker, self.plan.checkpointing
+        while self.replay:
+            chunk = self.replay.popleft()
+            tracker.register(chunk)  # restored chunks exist only when checkpointing
+            yield RECS, pointer_records(chunk)
+            if tracker.has_boundary(chunk.chunk_id + 1):
+                yield FLUSH, chunk.chunk_id + 1
+        k, ledger = self.plan.k, self.ledger
+        while True:
+            try:
+                chunk = self.source.next_chunk()
+            except Exception as e:  # noqa: BLE001
+                raise PipelineError(f"WorkSource of lane {self.lane} failed at chunk "
+                                    f"{self.next_id}: {type(e).__name__}: {e}") from e
+            if chunk is None:
+                if checkpointing:
+                    ledger.mark_exhausted(self._source_state())
+                yield END, None
+                return
+            if chunk.lane != self.lane or chunk.chunk_id != self.next_id or len(chunk) == 0:
+                raise ContractViolation(
+                    f"WorkSource of lane {self.lane} returned chunk (lane={chunk.lane}, "
+                    f"chunk_id={chunk.chunk_id}, {len(chunk)} pointers); expected lane "
+                    f"{self.lane}, chunk_id {self.next_id} and at least one pointer")
+            self.next_id += 1
+            boundary = k > 0 and (chunk.chunk_id + 1) % k == 0
+            if checkpointing:
+                ledger.register(chunk, self._source_state(), boundary)
+                tracker.register(chunk)
+            if boundary:
+                tracker.add_boundary(chunk.chunk_id + 1)
+            yield RECS, pointer_records(chunk)
+            if boundary:
+                yield FLUSH, chunk.chunk_id + 1
+
+    # -- stages ----------------------------------------------------------------
+    def _threads_stage(self, stage: Stage, events: Iterator) -> Iterator:
+        """Order-preserving parallel map over microbatches, ``queue_size`` ahead."""
+        lane, ops, pool = self.lane, stage.ops, self.pool
+
+        def job(recs: list[Record]) -> tuple[list[Record], list[Record]]:
+            tombs: list[Record] = []
+            out = run_ops(ops, recs, lane, tombs)
+            return out, tombs
+
+        pending: deque = deque()
+        ahead = self.plan.queue_size
+        upstream_done = False
+        while True:
+            while not upstream_done and len(pending) < ahead:
+                ev = next(events, None)
+                if ev is None:
+                    upstream_done = True
+                elif ev[0] == RECS:
+                    pending.append((RECS, pool.submit(job, ev[1])))
+                else:
+                    pending.append(ev)
+            if not pending:
+                return
+            kind, x = pending.popleft()
+            if kind == RECS:
+                out, tombs = x.result()
+                yield RECS, out + tombs if tombs else out
+            else:
+                yield kind, x
+
+    def _inline_stage(self, stage: Stage, events: Iterator) -> Iterator:
+        lane, ops = self.lane, stage.ops
+        rf = self.plan.replay_filter
+        for kind, x in events:
+            tombs: list[Record] = []
+            if kind == RECS:
+                out = run_ops(ops, x, lane, tombs)
+            else:
+                out = self._drain(ops, tombs, final=(kind == END))
+                if kind == FLUSH and rf is not None and rf in ops:
+                    rf.check_epoch_end(lane, x)
+            if out or tombs:
+                yield RECS, out + tombs if tombs else out
+            if kind != RECS:
+                yield kind, x
+
+    def _drain(self, ops: tuple[Operator, ...], tombs: list[Record], final: bool) -> list[Record]:
+        """Flush (or finish) each operator in order, feeding what it emits downstream."""
+        lane = self.lane
+        carry: list[Record] = []
+        for i, op in enumerate(ops):
+            carry = run_ops((op,), carry, lane, tombs)
+            try:
+                emitted = list(op.finish(lane) if final else op.flush(True, lane))
+            except PipelineError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise _call_failed(op, lane, None, e) from e
+            carry.extend(emitted)
+            if not final and op.has_pending(lane) and not isinstance(op, BatchOp):
+                raise ContractViolation(
+                    f"operator {op.name!r} still holds data for lane {lane} after "
+                    "flush(reset=True); flush must emit everything and reset the lane "
+                    "(only batch(drop_last=True) may stall)")
+        return carry
+
+    # -- outputs ---------------------------------------------------------------
+    def _outputs(self, exhausted: bool) -> Iterator[Output]:
+        if exhausted:
+            yield Output(END_OF_LANE, self.initial)
+            return
+        events: Iterator = self._chunks()
+        for stage in self.plan.stages:
+            runner = self._threads_stage if stage.runner == "threads" else self._inline_stage
+            events = runner(stage, events)
+        tracker, track = self.tracker, self.plan.checkpointing
+        for kind, x in events:
+            if kind == RECS:
+                for r in x:
+                    if r.payload is TOMBSTONE:
+                        if track:
+                            tracker.close(r.contributors)
+                    elif track:
+                        yield Output(r.payload, tracker.deliver(r.contributors, r.cursor))
+                    else:
+                        yield Output(r.payload, None)
+            elif kind == END:
+                yield Output(END_OF_LANE, tracker.finish(self.next_id) if track else None)
+                return

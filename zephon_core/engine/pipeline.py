@@ -1,0 +1,212 @@
+"""Pipeline: the user-facing description of a data pipeline, and its handle.
+
+A ``Pipeline`` is a frozen, picklable description: builder methods return a
+new Pipeline. Iterating it compiles the description and starts a private
+:class:`~zephon_core.engine.run.PipelineRun`, which holds all mutable state.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..checkpoint import codec
+from ..checkpoint.fingerprint import config_diff
+from ..checkpoint.state import PipelineState
+from ..errors import ConfigError, IncompatibleCheckpoint
+from ..ops import (BatchOp, EnsureMixtureOp, FetchOp, FilterOp, MapOp, Operator, PackOp,
+                   ShuffleOp, SplitOp)
+from ..sources.base import SourceSpec
+from .compile import Plan, compile_plan
+from .run import PipelineRun
+
+
+class Pipeline:
+    """A deterministic, checkpointable stream of records or batches.
+
+    Example::
+
+        pipe = (Pipeline(source, canonical_replicas=8, seed=1234)
+                .fetch(parallelism=4)
+                .map(tokenize, parallelism=4, name="tokenize")
+                .split(max_len=2048).pack(seq_len=2048).shuffle(buffer_size=1024)
+                .ensure_mixture().batch(batch_size=8))
+        it = iter(pipe); batch = next(it)
+        state = pipe.checkpoint()          # plain dict; pipe2.load_state_dict(state) resumes
+
+    Args:
+        source: a :class:`~zephon_core.sources.base.SourceSpec`, e.g.
+            :class:`~zephon_core.StaticMixtureWorkSource`.
+        canonical_replicas: number of lanes C; fixed for a training run.
+        flush_every_k_chunks: a flush sentinel after every k chunks of a lane.
+            ``None`` picks 0 for order-keeping pipelines and 4 otherwise.
+        seed: seeds per-chunk and per-operator randomness.
+        prefetch: outputs per lane the pump thread may run ahead (0: no pump
+            thread, everything runs on the consumer's thread).
+        queue_size: microbatches in flight per lane in a threads stage.
+        checkpointing: False disables tracking (for measuring its overhead).
+    """
+
+    def __init__(self, source: SourceSpec, canonical_replicas: int = 1,
+                 flush_every_k_chunks: int | None = None, seed: int = 0, *,
+                 prefetch: int = 3, queue_size: int = 2, checkpointing: bool = True):
+        for attr in ("open_lane", "read", "describe", "component_names", "weights"):
+            if not hasattr(source, attr):
+                raise ConfigError(f"source {type(source).__name__} lacks {attr!r}; pass a "
+                                  "StaticMixtureWorkSource or implement the SourceSpec protocol")
+        if isinstance(canonical_replicas, bool) or not isinstance(canonical_replicas, int) \
+                or canonical_replicas < 1:
+            raise ConfigError(f"canonical_replicas={canonical_replicas!r} must be an int >= 1")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed={seed!r} must be an int")
+        for name, v in (("prefetch", prefetch), ("queue_size", queue_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "prefetch"
+                                                                     else 1):
+                raise ConfigError(f"{name}={v!r} must be an int >= "
+                                  f"{0 if name == 'prefetch' else 1}")
+        self.source = source
+        self.canonical_replicas = canonical_replicas
+        self.flush_every_k_chunks = flush_every_k_chunks
+        self.seed = seed
+        self.prefetch = prefetch
+        self.queue_size = queue_size
+        self.checkpointing = checkpointing
+        self._ops: tuple[Operator, ...] = ()
+        self._plan: Plan | None = None
+        self._run: PipelineRun | None = None
+        self._restore: PipelineState | None = None
+
+    # -- building -------------------------------------------------------------------
+    def then(self, op: Operator) -> Pipeline:
+        """A new pipeline with ``op`` appended (custom operators go through here)."""
+        if not isinstance(op, Operator):
+            raise ConfigError(f"then({op!r}): expected a zephon_core.Operator instance")
+        new = copy.copy(self)
+        new._ops = self._ops + (op,)
+        new._plan = new._run = new._restore = None
+        return new
+
+    def fetch(self, parallelism: int = 1) -> Pipeline:
+        return self.then(FetchOp(parallelism))
+
+    def map(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
+            batched: bool = False) -> Pipeline:
+        return self.then(MapOp(fn, parallelism, name, batched))
+
+    def filter(self, predicate: Callable[[Any], bool], parallelism: int = 1,
+               name: str | None = None) -> Pipeline:
+        return self.then(FilterOp(predicate, parallelism, name))
+
+    def split(self, max_len: int, key: str = "input_ids") -> Pipeline:
+        return self.then(SplitOp(max_len, key))
+
+    def pack(self, seq_len: int, bins: int = 8, strategy: str = "first_fit",
+             key: str = "input_ids") -> Pipeline:
+        return self.then(PackOp(seq_len, bins, key, strategy))
+
+    def shuffle(self, buffer_size: int) -> Pipeline:
+        return self.then(ShuffleOp(buffer_size))
+
+    def ensure_mixture(self, weights: Mapping[str, float] | Sequence[float] | None = None,
+                       window: int = 16) -> Pipeline:
+        return self.then(EnsureMixtureOp(weights, window))
+
+    def batch(self, batch_size: int, drop_last: bool = True, seq_len: int | None = None,
+              pad_to: str = "max", pad_id: int = 0) -> Pipeline:
+        return self.then(BatchOp(batch_size, drop_last, seq_len, pad_to, pad_id))
+
+    # -- planning -------------------------------------------------------------------
+    def compile(self) -> Plan:
+        if self._plan is None:
+            self._plan = compile_plan(self.source, list(self._ops),
+                                      num_lanes=self.canonical_replicas,
+                                      k=self.flush_every_k_chunks, seed=self.seed,
+                                      prefetch=self.prefetch, queue_size=self.queue_size,
+                                      checkpointing=self.checkpointing)
+        return self._plan
+
+    def explain(self) -> str:
+        return self.compile().explain()
+
+    # -- running --------------------------------------------------------------------
+    def _get_run(self) -> PipelineRun:
+        if self._run is None:
+            plan = self.compile()
+            self._run = PipelineRun(plan, self._restore)
+        return self._run
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._get_run()
+
+    def stats(self) -> dict[str, Any]:
+        return self._get_run().stats()
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plan"] = state["_run"] = None
+        return state
+
+    # -- checkpointing ------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        """The state of every lane as delivered to the consumer, as a plain dict."""
+        if not self.checkpointing:
+            raise ConfigError("this pipeline was built with checkpointing=False; build it "
+                              "with checkpointing=True to take checkpoints")
+        return self._get_run().snapshot().to_dict()
+
+    state_dict = checkpoint
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state``; iteration then continues exactly where it was taken."""
+        if not self.checkpointing:
+            raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
+        parsed = PipelineState.from_dict(state)
+        plan = self.compile()
+        if parsed.fingerprint != plan.fingerprint:
+            diff = config_diff(parsed.config, plan.config)
+            raise IncompatibleCheckpoint(
+                "the checkpoint was written by a differently configured pipeline: "
+                + ("; ".join(diff[:10]) if diff else "fingerprints differ")
+                + ". Rebuild the pipeline exactly as it was when the checkpoint was taken.")
+        if self._run is not None:
+            self._run.close()
+        self._run = None
+        self._plan = None  # fresh operator state for the new run
+        self._restore = parsed
+
+    def save(self, path: str | os.PathLike) -> int:
+        """Write ``checkpoint()`` to ``path`` atomically; returns the size in bytes."""
+        data = codec.encode(self.checkpoint())
+        codec.write_atomic(path, data)
+        return len(data)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> dict[str, Any]:
+        """Read a state written by :meth:`save` (pass it to :meth:`load_state_dict`)."""
+        return codec.decode(codec.read_bytes(path))
+
+    def restore(self, path: str | os.PathLike) -> None:
+        """``load_state_dict(Pipeline.load(path))``."""
+        self.load_state_dict(self.load(path))
+
+    @property
+    def chunks_replayed(self) -> int:
+        return self._get_run().chunks_replayed

@@ -1,0 +1,95 @@
+"""The pump thread: runs lanes' streams ahead of the consumer into bounded queues.
+
+The pump never blocks on a full queue -- it simply does not start work for a
+lane whose queue holds ``prefetch`` outputs -- so it cannot deadlock against
+a consumer that waits on another lane. Among lanes with room it advances the
+one with the fewest queued outputs, nearest to the consumer's next turn.
+What the pump has done never changes what a checkpoint means: every output
+carries the lane state as of its own delivery.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ..errors import PipelineError
+from .lane_stream import END_OF_LANE, LaneStream, Output
+
+
+class Pump:
+    def __init__(self, streams: dict[int, LaneStream], order: list[int], prefetch: int,
+                 next_turn: Callable[[], int]):
+        self._streams = streams
+        self._order = order
+        self._prefetch = max(1, prefetch)
+        self._next_turn = next_turn
+        self._queues: dict[int, deque[Output]] = {lane: deque() for lane in order}
+        self._done: dict[int, bool] = {lane: False for lane in order}
+        self._cond = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="zephon-pump", daemon=True)
+        self._thread.start()
+
+    def _pick(self) -> int | None:
+        order, n = self._order, len(self._order)
+        start = self._next_turn()
+        best, best_q = None, self._prefetch
+        for i in range(n):
+            lane = order[(start + i) % n]
+            if self._done[lane]:
+                continue
+            q = len(self._queues[lane])
+            if q < best_q:
+                best, best_q = lane, q
+        return best
+
+    def _run(self) -> None:
+        cond = self._cond
+        try:
+            while True:
+                with cond:
+                    lane = None
+                    while not self._stop:
+                        lane = self._pick()
+                        if lane is not None:
+                            break
+                        cond.wait()
+                    if self._stop:
+                        return
+                out = next(self._streams[lane].outputs)
+                with cond:
+                    self._queues[lane].append(out)
+                    if out.payload is END_OF_LANE:
+                        self._done[lane] = True
+                    cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            with cond:
+                self._error = e
+                cond.notify_all()
+
+    def take(self, lane: int) -> Output:
+        cond = self._cond
+        with cond:
+            q = self._queues[lane]
+            while not q:
+                if self._error is not None:
+                    raise self._error
+                if self._stop:
+                    raise PipelineError("the pipeline was closed")
+                cond.wait()
+            out = q.popleft()
+            cond.notify_all()
+            return out
+
+    def queued(self) -> dict[int, int]:
+        return {lane: len(q) for lane, q in self._queues.items()}
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)

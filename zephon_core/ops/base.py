@@ -1,0 +1,96 @@
+"""The operator contract.
+
+An operator turns records into records, per lane. What it owes replay:
+
+* set ``preserves_cursor_order=False`` if it buffers, reorders or keeps any
+  history across records;
+* propagate contributor metadata and set ``is_last_child`` correctly;
+* emit tombstones for children it drops;
+* ``flush(reset=True, lane_id)`` emits everything held for that lane and
+  resets that lane to exactly the state of a freshly constructed operator,
+  RNG included; afterwards ``has_pending(lane_id)`` must be False, or the
+  runner raises :class:`~zephon_core.errors.ContractViolation`;
+* randomness is a pure function of (operator seed, lane, something replay
+  reproduces), never a counter that survives a reset.
+
+Tombstones never reach ``process``: the runner forwards them itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..records import Record
+
+
+@dataclass(frozen=True)
+class OpTraits:
+    """Static facts about an operator that compile() plans with.
+
+    Attributes:
+        preserves_cursor_order: records leave in the order their cursors entered.
+        stateless: holds nothing between records (may run on worker threads).
+    """
+
+    preserves_cursor_order: bool = True
+    stateless: bool = False
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What compile() tells an operator about the pipeline it runs in."""
+
+    seed: int
+    index: int
+    component_names: tuple[str, ...]
+    weights: tuple[float, ...]
+    source: Any = None
+    upstream: tuple[Operator, ...] = field(default=())
+
+
+class Operator:
+    """Base class of all operators. Subclasses override ``process``."""
+
+    traits = OpTraits()
+    name = "op"
+    parallelism = 1
+
+    def bind(self, ctx: OpContext) -> None:
+        """Called once by compile() before any record flows."""
+        self.ctx = ctx
+
+    def process(self, record: Record, lane_id: int) -> Iterable[Record]:
+        raise NotImplementedError
+
+    def process_many(self, records: list[Record], lane_id: int) -> list[Record]:
+        """Process a microbatch; the default calls ``process`` per record."""
+        out: list[Record] = []
+        for r in records:
+            out.extend(self.process(r, lane_id))
+        return out
+
+    def flush(self, reset: bool, lane_id: int) -> Iterable[Record]:
+        return ()
+
+    def finish(self, lane_id: int) -> Iterable[Record]:
+        """End of stream for a lane. Defaults to a resetting flush."""
+        return self.flush(True, lane_id)
+
+    def has_pending(self, lane_id: int) -> bool:
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able parameters that determine the output (part of the fingerprint)."""
+        return {"op": type(self).__name__, "name": self.name}
+
+    def label(self) -> str:
+        return f"{self.name}@p{self.parallelism}"
+
+
+def callable_name(fn: Any) -> str:
+    """A stable, process-independent name for a user function (for fingerprints)."""
+    mod = getattr(fn, "__module__", None) or type(fn).__module__
+    qual = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{mod}.{qual}"

@@ -1,0 +1,143 @@
+"""batch: collates a lane's records into dicts of torch tensors.
+
+Token payloads (``payload[key]``) become ``input_ids`` int64 [B, L],
+``labels`` (-100 on padding), ``attention_mask`` and, for packed rows,
+``position_ids`` (restarting at every fragment) and ``segment_ids`` (1..n per
+fragment, 0 on padding). Other payloads go through torch's default collate.
+
+``drop_last=True`` keeps a partial batch across a flush -- the one stall the
+pipeline allows, made safe by the replay filter sitting right before batch --
+and drops it only at the end of the stream. ``drop_last=False`` emits the
+partial batch at every flush. A batch record takes the cursor of its last
+member, which is what the replay filter matches on resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from ..errors import ConfigError
+from ..records import Record
+from .base import Operator, OpContext, OpTraits
+
+
+class BatchOp(Operator):
+    traits = OpTraits(preserves_cursor_order=True, stateless=False)
+
+    def __init__(self, batch_size: int, drop_last: bool = True, seq_len: int | None = None,
+                 pad_to: str = "max", pad_id: int = 0, key: str = "input_ids",
+                 name: str = "batch"):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch(batch_size={batch_size!r}): must be a positive int")
+        if pad_to not in ("max", "longest"):
+            raise ConfigError(f"batch(pad_to={pad_to!r}): use 'max' (pad to seq_len) or "
+                              "'longest'")
+        if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
+            raise ConfigError(f"batch(seq_len={seq_len!r}): must be a positive int or None")
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.seq_len = seq_len
+        self.pad_to = pad_to
+        self.pad_id = pad_id
+        self.key = key
+        self.name = name
+        self._lanes: dict[int, list[Record]] = {}
+        self.rows = 0
+        self.pad_tokens = 0
+        self.total_tokens = 0
+
+    def bind(self, ctx: OpContext) -> None:
+        super().bind(ctx)
+        self._lanes = {}
+        self.rows = self.pad_tokens = self.total_tokens = 0
+        self._width = self.seq_len
+        if self._width is None and self.pad_to == "max":
+            packs = [op for op in ctx.upstream if hasattr(op, "seq_len") and
+                     type(op).__name__ == "PackOp"]
+            self._width = packs[-1].seq_len if packs else None
+
+    def process(self, record: Record, lane_id: int) -> list[Record]:
+        buf = self._lanes.get(lane_id)
+        if buf is None:
+            buf = self._lanes[lane_id] = []
+        buf.append(record)
+        if len(buf) < self.batch_size:
+            return []
+        self._lanes[lane_id] = []
+        return [self._collate(buf)]
+
+    def flush(self, reset: bool, lane_id: int) -> list[Record]:
+        buf = self._lanes.get(lane_id)
+        if not buf or self.drop_last:
+            return []  # drop_last: the partial batch stalls across the flush
+        self._lanes[lane_id] = []
+        return [self._collate(buf)]
+
+    def finish(self, lane_id: int) -> list[Record]:
+        buf = self._lanes.pop(lane_id, None)
+        if not buf:
+            return []
+        if self.drop_last:
+            return [r.to_tombstone() for r in buf]
+        return [self._collate(buf)]
+
+    def has_pending(self, lane_id: int) -> bool:
+        return bool(self._lanes.get(lane_id))
+
+    def _collate(self, records: list[Record]) -> Record:
+        contributors = []
+        for r in records:
+            contributors.extend(r.contributors)
+        payloads = [r.payload for r in records]
+        first = payloads[0]
+        if isinstance(first, dict) and self.key in first:
+            payload = self._collate_tokens(payloads, records[-1])
+        else:
+            payload = default_collate(payloads)
+        return Record(payload, records[-1].cursor, contributors)
+
+    def _collate_tokens(self, payloads: list[dict[str, Any]], last: Record) -> dict:
+        key = self.key
+        seqs = [p[key] for p in payloads]
+        lengths = [len(s) for s in seqs]
+        width = self._width if self.pad_to == "max" and self._width else max(lengths)
+        if max(lengths) > width:
+            raise ConfigError(
+                f"batch: a row of {max(lengths)} tokens (batch ending at cursor "
+                f"{tuple(last.cursor)}) exceeds seq_len={width}; add split()/pack() with "
+                "that length or raise seq_len")
+        b = len(seqs)
+        ids = np.full((b, width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((b, width), dtype=np.int64)
+        packed = "segment_lengths" in payloads[0]
+        if packed:
+            pos = np.zeros((b, width), dtype=np.int64)
+            seg = np.zeros((b, width), dtype=np.int64)
+        for i, (s, n) in enumerate(zip(seqs, lengths)):
+            ids[i, :n] = s
+            mask[i, :n] = 1
+            if packed:
+                seglens = payloads[i]["segment_lengths"]
+                starts = np.cumsum(seglens) - seglens
+                pos[i, :n] = np.arange(n) - np.repeat(starts, seglens)
+                seg[i, :n] = np.repeat(np.arange(1, len(seglens) + 1), seglens)
+        labels = np.where(mask == 1, ids, -100)
+        n_tokens = sum(lengths)
+        self.rows += b
+        self.total_tokens += b * width
+        self.pad_tokens += b * width - n_tokens
+        out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+               "attention_mask": torch.from_numpy(mask)}
+        if packed:
+            out["position_ids"] = torch.from_numpy(pos)
+            out["segment_ids"] = torch.from_numpy(seg)
+        return out
+
+    def describe(self) -> dict:
+        return {"op": "batch", "name": self.name, "batch_size": self.batch_size,
+                "drop_last": self.drop_last, "seq_len": self.seq_len, "pad_to": self.pad_to,
+                "pad_id": self.pad_id, "key": self.key}

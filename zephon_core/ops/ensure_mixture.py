@@ -1,0 +1,125 @@
+"""ensure_mixture: keeps the delivered token share of each component near its target.
+
+Per lane, records wait in a window of ``window`` records. Whenever the window
+is full, one record leaves: the oldest held record whose main component (the
+one contributing most tokens; ties: lowest index) is the most
+under-represented component (largest ``target_share * total - emitted``
+tokens; ties: lowest index) among those present in the window. ``flush``
+drains the window in that same deficit order and resets the counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..errors import ConfigError
+from ..records import Record, component_tokens
+from .base import Operator, OpContext, OpTraits
+
+
+class _LaneMix:
+    __slots__ = ("held", "emitted", "total")
+
+    def __init__(self, n: int):
+        self.held: list[tuple[Record, dict[int, int], int, int]] = []
+        self.emitted = [0] * n
+        self.total = 0
+
+
+class EnsureMixtureOp(Operator):
+    traits = OpTraits(preserves_cursor_order=False, stateless=False)
+
+    def __init__(self, weights: Mapping[str, float] | Sequence[float] | None = None,
+                 window: int = 16, key: str = "input_ids", name: str = "ensure_mixture"):
+        if not isinstance(window, int) or window < 1:
+            raise ConfigError(f"ensure_mixture(window={window!r}): must be a positive int")
+        self.user_weights = weights
+        self.window = window
+        self.key = key
+        self.name = name
+        self._lanes: dict[int, _LaneMix] = {}
+        self.targets: tuple[float, ...] = ()
+
+    def bind(self, ctx: OpContext) -> None:
+        super().bind(ctx)
+        self._lanes = {}
+        self.targets = self._resolve(ctx)
+
+    def _resolve(self, ctx: OpContext) -> tuple[float, ...]:
+        names = ctx.component_names
+        w = self.user_weights
+        if w is None:
+            raw = list(ctx.weights)
+        elif isinstance(w, Mapping):
+            unknown = sorted(set(w) - set(names))
+            if unknown:
+                raise ConfigError(f"ensure_mixture: weights for unknown components {unknown}; "
+                                  f"the source has {list(names)}")
+            raw = [float(w.get(n, 0.0)) for n in names]
+        else:
+            raw = [float(x) for x in w]
+            if len(raw) != len(names):
+                raise ConfigError(f"ensure_mixture: {len(raw)} weights for {len(names)} "
+                                  f"components {list(names)}")
+        if any(not (x >= 0.0) or x == float("inf") for x in raw) or sum(raw) <= 0:
+            raise ConfigError(f"ensure_mixture: weights {raw} must be finite, >= 0 and not all 0")
+        s = sum(raw)
+        return tuple(x / s for x in raw)
+
+    def _pick(self, st: _LaneMix) -> int:
+        targets, emitted, total = self.targets, st.emitted, st.total
+        present = {h[2] for h in st.held}
+        best_c, best_def = -1, 0.0
+        for c in sorted(present):
+            d = (targets[c] if c < len(targets) else 0.0) * total - emitted[c]
+            if best_c < 0 or d > best_def:
+                best_c, best_def = c, d
+        for i, h in enumerate(st.held):
+            if h[2] == best_c:
+                return i
+        return 0
+
+    def _release(self, st: _LaneMix, i: int) -> Record:
+        rec, shares, _, n = st.held.pop(i)
+        for c, t in shares.items():
+            st.emitted[c] += t
+        st.total += n
+        return rec
+
+    def process(self, record: Record, lane_id: int) -> list[Record]:
+        st = self._lanes.get(lane_id)
+        if st is None:
+            st = self._lanes[lane_id] = _LaneMix(max(len(self.targets), 1))
+        shares = component_tokens(record, self.key)
+        for c in shares:
+            if c >= len(st.emitted):
+                st.emitted.extend([0] * (c + 1 - len(st.emitted)))
+        main = max(shares, key=lambda c: (shares[c], -c))
+        st.held.append((record, shares, main, sum(shares.values())))
+        if len(st.held) < self.window:
+            return []
+        return [self._release(st, self._pick(st))]
+
+    def flush(self, reset: bool, lane_id: int) -> list[Record]:
+        st = self._lanes.get(lane_id)
+        if st is None:
+            return []
+        out = []
+        while st.held:
+            out.append(self._release(st, self._pick(st)))
+        if reset:
+            del self._lanes[lane_id]
+        return out
+
+    def has_pending(self, lane_id: int) -> bool:
+        st = self._lanes.get(lane_id)
+        return st is not None and bool(st.held)
+
+    def describe(self) -> dict:
+        w = self.user_weights
+        if isinstance(w, Mapping):
+            w = {str(k): float(v) for k, v in w.items()}
+        elif w is not None:
+            w = [float(x) for x in w]
+        return {"op": "ensure_mixture", "name": self.name, "weights": w,
+                "window": self.window, "key": self.key}

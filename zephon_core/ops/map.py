@@ -1,0 +1,43 @@
+"""map: a 1:1 transform of payloads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ContractViolation
+from ..records import Record
+from .base import Operator, OpTraits, callable_name
+
+
+class MapOp(Operator):
+    """Applies ``fn`` to each payload (or to a list of payloads when ``batched``)."""
+
+    traits = OpTraits(preserves_cursor_order=True, stateless=True)
+
+    def __init__(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
+                 batched: bool = False):
+        self.fn = fn
+        self.parallelism = parallelism
+        self.name = name or "map"
+        self.batched = batched
+
+    def process(self, record: Record, lane_id: int) -> list[Record]:
+        if self.batched:
+            return self.process_many([record], lane_id)
+        return [record.with_payload(self.fn(record.payload))]
+
+    def process_many(self, records: list[Record], lane_id: int) -> list[Record]:
+        fn = self.fn
+        if not self.batched:
+            return [r.with_payload(fn(r.payload)) for r in records]
+        payloads = fn([r.payload for r in records])
+        if len(payloads) != len(records):
+            raise ContractViolation(
+                f"batched map {self.name!r} returned {len(payloads)} payloads for "
+                f"{len(records)} inputs; a map is 1:1 (use filter to drop records)")
+        return [r.with_payload(p) for r, p in zip(records, payloads)]
+
+    def describe(self) -> dict:
+        return {"op": "map", "name": self.name, "fn": callable_name(self.fn),
+                "batched": self.batched}

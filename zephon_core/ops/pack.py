@@ -1,0 +1,120 @@
+"""pack: online first-fit packing of token fragments into ``bins`` open bins.
+
+Exact rules, per lane:
+
+* a fragment goes into the lowest-index bin with room for it;
+* a bin that becomes exactly full is emitted, and its slot is empty again;
+* if no bin has room, the fullest bin (ties: lowest index) is emitted and the
+  fragment starts a new bin in that slot;
+* ``flush`` emits all non-empty bins in slot order, then resets.
+
+A packed record's cursor is its first fragment's; its contributors are all
+fragments' contributors. Its payload is ``{key: concatenated tokens,
+"segment_lengths": int32 array}`` which ``batch`` turns into position and
+segment ids. Zero-length fragments become tombstones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..records import Record
+from .base import Operator, OpTraits
+
+
+class _Bin:
+    __slots__ = ("fill", "parts")
+
+    def __init__(self) -> None:
+        self.fill = 0
+        self.parts: list[Record] = []
+
+
+class PackOp(Operator):
+    traits = OpTraits(preserves_cursor_order=False, stateless=False)
+
+    def __init__(self, seq_len: int, bins: int = 8, key: str = "input_ids",
+                 strategy: str = "first_fit", name: str = "pack"):
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ConfigError(f"pack(seq_len={seq_len!r}): seq_len must be a positive int")
+        if not isinstance(bins, int) or bins < 1:
+            raise ConfigError(f"pack(bins={bins!r}): bins must be a positive int")
+        if strategy != "first_fit":
+            raise ConfigError(f"pack(strategy={strategy!r}): only 'first_fit' is supported")
+        self.seq_len = seq_len
+        self.bins = bins
+        self.key = key
+        self.strategy = strategy
+        self.name = name
+        self._lanes: dict[int, list[_Bin]] = {}
+
+    def bind(self, ctx) -> None:
+        super().bind(ctx)
+        self._lanes = {}
+
+    def _bins(self, lane_id: int) -> list[_Bin]:
+        bins = self._lanes.get(lane_id)
+        if bins is None:
+            bins = self._lanes[lane_id] = [_Bin() for _ in range(self.bins)]
+        return bins
+
+    def _emit(self, b: _Bin) -> Record:
+        parts = b.parts
+        key = self.key
+        tokens = np.concatenate([p.payload[key] for p in parts]) if len(parts) > 1 \
+            else np.asarray(parts[0].payload[key])
+        lengths = np.fromiter((len(p.payload[key]) for p in parts), dtype=np.int32,
+                              count=len(parts))
+        contributors = []
+        for p in parts:
+            for c in p.contributors:
+                contributors.append(c if c.n_tokens else c._replace(n_tokens=len(p.payload[key])))
+        b.fill = 0
+        b.parts = []
+        return Record({key: tokens, "segment_lengths": lengths}, parts[0].cursor, contributors)
+
+    def process(self, record: Record, lane_id: int) -> list[Record]:
+        try:
+            n = len(record.payload[self.key])
+        except (KeyError, TypeError, IndexError) as e:
+            raise ConfigError(f"pack: payload at cursor {tuple(record.cursor)} has no "
+                              f"{self.key!r} token array; tokenize with map() first") from e
+        seq_len = self.seq_len
+        if n > seq_len:
+            raise ConfigError(f"pack: fragment of {n} tokens at cursor {tuple(record.cursor)} "
+                              f"exceeds seq_len={seq_len}; add split(max_len={seq_len}) "
+                              "before pack()")
+        if n == 0:
+            return [record.to_tombstone()]
+        bins = self._bins(lane_id)
+        for b in bins:
+            if b.fill + n <= seq_len:
+                b.parts.append(record)
+                b.fill += n
+                return [self._emit(b)] if b.fill == seq_len else []
+        fullest = bins[0]
+        for b in bins:
+            if b.fill > fullest.fill:
+                fullest = b
+        out = self._emit(fullest)
+        fullest.parts.append(record)
+        fullest.fill = n
+        return [out] if n < seq_len else [out, self._emit(fullest)]
+
+    def flush(self, reset: bool, lane_id: int) -> list[Record]:
+        bins = self._lanes.get(lane_id)
+        if bins is None:
+            return []
+        out = [self._emit(b) for b in bins if b.parts]
+        if reset:
+            del self._lanes[lane_id]
+        return out
+
+    def has_pending(self, lane_id: int) -> bool:
+        bins = self._lanes.get(lane_id)
+        return bool(bins) and any(b.parts for b in bins)
+
+    def describe(self) -> dict:
+        return {"op": "pack", "name": self.name, "seq_len": self.seq_len, "bins": self.bins,
+                "key": self.key, "strategy": self.strategy}

@@ -1,0 +1,65 @@
+"""split: token sequences longer than ``max_len`` become children of <= max_len tokens."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..records import Contributor, Record, SampleCursor
+from .base import Operator, OpTraits
+
+
+class SplitOp(Operator):
+    """Cuts ``payload[key]`` into consecutive fragments of at most ``max_len`` tokens.
+
+    Child ``i`` gets cursor ``(lane, chunk, offset, i)``; the last child carries
+    ``is_last_child``. Other numpy arrays of the same length as ``payload[key]``
+    are cut alongside; every other payload value is copied to each child.
+    Every output's contributor records its token count (used by mixture stats).
+    """
+
+    traits = OpTraits(preserves_cursor_order=True, stateless=True)
+
+    def __init__(self, max_len: int, key: str = "input_ids", parallelism: int = 1,
+                 name: str = "split"):
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ConfigError(f"split(max_len={max_len!r}): max_len must be a positive int")
+        self.max_len = max_len
+        self.key = key
+        self.parallelism = parallelism
+        self.name = name
+
+    def process(self, record: Record, lane_id: int) -> list[Record]:
+        payload = record.payload
+        try:
+            tokens = payload[self.key]
+        except (KeyError, TypeError, IndexError) as e:
+            raise ConfigError(
+                f"split: payload at cursor {tuple(record.cursor)} has no {self.key!r} token "
+                f"array; tokenize with map() before split()") from e
+        if len(record.contributors) != 1 or record.cursor.child != 0:
+            raise ConfigError(
+                f"split: record {tuple(record.cursor)} is already a fragment or a merged "
+                "record; put split() before pack() and use it once")
+        c = record.contributors[0]
+        n = len(tokens)
+        max_len = self.max_len
+        if n <= max_len:
+            return [Record(payload, record.cursor, [c._replace(n_tokens=n)])]
+        cur = record.cursor
+        last = (n - 1) // max_len
+        sliced = [k for k, v in payload.items()
+                  if k != self.key and hasattr(v, "__len__") and hasattr(v, "shape")
+                  and len(v) == n]
+        out = []
+        for i in range(last + 1):
+            lo, hi = i * max_len, min(n, (i + 1) * max_len)
+            child = dict(payload)
+            child[self.key] = tokens[lo:hi]
+            for k in sliced:
+                child[k] = payload[k][lo:hi]
+            out.append(Record(child, SampleCursor(cur.lane, cur.chunk_id, cur.offset, i),
+                              [Contributor(c.chunk_id, c.offset, i, i == last, c.component,
+                                           hi - lo)]))
+        return out
+
+    def describe(self) -> dict:
+        return {"op": "split", "name": self.name, "max_len": self.max_len, "key": self.key}

@@ -1,0 +1,21 @@
+"""Work sources: where a pipeline's sample pointers come from.
+
+A :class:`SourceSpec` (e.g. :class:`StaticMixtureWorkSource`) opens one
+:class:`WorkSource` per lane; each produces :class:`WorkChunk` s whose position
+is restored in O(1) from a small state dict.
+"""
+
+from __future__ import annotations
+
+from .base import SourceSpec, WorkSource
+from .chunk import WorkChunk
+from .permutation import KeyedPermutation
+from .static_mixture import StaticMixtureWorkSource
+
+__all__ = [
+    "KeyedPermutation",
+    "SourceSpec",
+    "StaticMixtureWorkSource",
+    "WorkChunk",
+    "WorkSource",
+]

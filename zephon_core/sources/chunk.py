@@ -1,0 +1,47 @@
+"""WorkChunk: the unit of work a lane's source produces and a checkpoint stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CorruptCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
+class WorkChunk:
+    """A run of sample pointers of one lane.
+
+    Attributes:
+        lane: the canonical lane the chunk belongs to.
+        chunk_id: consecutive per lane, from 0.
+        components: dataset index of each offset (the "component order").
+        rows: row index inside that dataset, per offset.
+        seed: 64-bit per-chunk seed derived from (pipeline seed, lane, chunk_id).
+    """
+
+    lane: int
+    chunk_id: int
+    components: tuple[int, ...]
+    rows: tuple[int, ...]
+    seed: int
+
+    @property
+    def pointers(self) -> list[tuple[int, int]]:
+        return list(zip(self.components, self.rows))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def to_state(self) -> list:
+        return [self.chunk_id, self.seed, list(self.components), list(self.rows)]
+
+    @classmethod
+    def from_state(cls, lane: int, state: list) -> WorkChunk:
+        try:
+            chunk_id, seed, components, rows = state
+            if len(components) != len(rows) or not rows:
+                raise ValueError("components/rows length mismatch")
+            return cls(int(lane), int(chunk_id), tuple(int(c) for c in components),
+                       tuple(int(r) for r in rows), int(seed))
+        except (TypeError, ValueError) as e:
+            raise CorruptCheckpoint(f"invalid work chunk in lane {lane}: {e}") from e

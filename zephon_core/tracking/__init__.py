@@ -1,0 +1,1 @@
+"""Offset tracking, eviction and the per-lane ledger."""

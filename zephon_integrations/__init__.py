@@ -1,0 +1,1 @@
+"""Zephon integrations (Lightning, Hugging Face)."""
