@@ -388,3 +388,18 @@ def test_determinism_across_processes() -> None:
     )
     lane = src.open_lane(1, 3, 4)
     assert outs.pop().strip() == str([lane.next_chunk().to_state() for _ in range(20)])
+
+
+def test_same_lane_can_rewind_and_jump() -> None:
+    src = StaticMixtureWorkSource(
+        {"a": Virtual(50), "b": Virtual(9)}, weights=[3, 1], chunk_size=6, seed=2
+    )
+    lane = src.open_lane(1, 3, seed=4)
+    initial = lane.state_dict()
+    first = _take(lane, 40)
+    mid = lane.state_dict()
+    after_mid = _take(lane, 40)
+    lane.load_state_dict(initial)
+    assert _take(lane, 40) == first
+    lane.load_state_dict(mid)
+    assert _take(lane, 40) == after_mid

@@ -71,12 +71,9 @@ def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
     for op in ops:
         if not records:
             return records
-        live = []
-        for r in records:
-            if r.payload is TOMBSTONE:
-                tombs.append(r)
-            else:
-                live.append(r)
+        live = [r for r in records if r.payload is not TOMBSTONE]
+        if len(live) != len(records):
+            tombs.extend(r for r in records if r.payload is TOMBSTONE)
         try:
             records = op.process_many(live, lane)
         except PipelineError:

@@ -111,20 +111,24 @@ class BatchOp(Operator):
                 f"{tuple(last.cursor)}) exceeds seq_len={width}; add split()/pack() with "
                 "that length or raise seq_len")
         b = len(seqs)
+        lens = np.asarray(lengths, dtype=np.int64)
+        # one vectorized scatter for the whole batch: each row's tokens are a prefix
+        maskb = np.arange(width)[None, :] < lens[:, None]
         ids = np.full((b, width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((b, width), dtype=np.int64)
+        ids[maskb] = np.concatenate(seqs) if b > 1 else seqs[0]
+        mask = maskb.astype(np.int64)
         packed = "segment_lengths" in payloads[0]
         if packed:
+            seglens = [p["segment_lengths"] for p in payloads]
+            per_row = np.fromiter((len(x) for x in seglens), dtype=np.int64, count=b)
+            flen = np.concatenate(seglens).astype(np.int64)
+            fstart = np.cumsum(flen) - flen
             pos = np.zeros((b, width), dtype=np.int64)
             seg = np.zeros((b, width), dtype=np.int64)
-        for i, (s, n) in enumerate(zip(seqs, lengths)):
-            ids[i, :n] = s
-            mask[i, :n] = 1
-            if packed:
-                seglens = payloads[i]["segment_lengths"]
-                starts = np.cumsum(seglens) - seglens
-                pos[i, :n] = np.arange(n) - np.repeat(starts, seglens)
-                seg[i, :n] = np.repeat(np.arange(1, len(seglens) + 1), seglens)
+            pos[maskb] = np.arange(int(flen.sum())) - np.repeat(fstart, flen)
+            nfrag = len(flen)
+            idx_in_row = np.arange(nfrag) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+            seg[maskb] = np.repeat(idx_in_row + 1, flen)
         labels = np.where(mask == 1, ids, -100)
         n_tokens = sum(lengths)
         self.rows += b

@@ -63,7 +63,7 @@ class KeyedPermutation:
         True
     """
 
-    __slots__ = ("n", "key", "rounds", "half_bits", "_mask", "_keys", "_ukeys", "_umask", "_ushift")
+    __slots__ = ("n", "key", "rounds", "half_bits", "_mask", "_keys", "_ukeys")
 
     def __init__(self, n: int, key: int, rounds: int = 6) -> None:
         if not _is_int(n) or not 1 <= int(n) <= _MAX_N:
@@ -82,9 +82,7 @@ class KeyedPermutation:
         self.half_bits = bits // 2
         self._mask = (1 << self.half_bits) - 1
         self._keys = tuple(derive_seed(self.key, r) for r in range(self.rounds))
-        self._ukeys = tuple(np.uint64(k) for k in self._keys)
-        self._umask = np.uint64(self._mask)
-        self._ushift = np.uint64(self.half_bits)
+        self._ukeys: tuple[np.uint64, ...] = ()  # numpy copies, built on first map_array
 
     def __repr__(self) -> str:
         return f"KeyedPermutation(n={self.n}, key={self.key:#x}, rounds={self.rounds})"
@@ -117,7 +115,7 @@ class KeyedPermutation:
 
     def _encrypt_array(self, x: np.ndarray) -> np.ndarray:
         """Same as :meth:`_encrypt` on a uint64 array (wrapping arithmetic)."""
-        mask, shift = self._umask, self._ushift
+        mask, shift = np.uint64(self._mask), np.uint64(self.half_bits)
         left = x >> shift
         right = x & mask
         for k in self._ukeys:
@@ -149,6 +147,8 @@ class KeyedPermutation:
         if lo < 0 or hi >= self.n:
             bad = lo if lo < 0 else hi
             raise IndexError(f"index {bad} out of range for a permutation of n={self.n}")
+        if not self._ukeys:
+            self._ukeys = tuple(np.uint64(k) for k in self._keys)
         flat = arr.astype(np.uint64).ravel()
         n = np.uint64(self.n)
         with np.errstate(over="ignore"):

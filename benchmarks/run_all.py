@@ -1,0 +1,14 @@
+"""Run every benchmark and print the numbers (JSON)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import bench_core  # noqa: E402
+
+if __name__ == "__main__":
+    print(json.dumps({"core": bench_core.main()}, indent=2))
