@@ -24,6 +24,7 @@ demo: $(STAMP)
 	$(VPY) examples/core_resume_demo.py
 
 bench: $(STAMP)
+	$(VPY) -m pip install -q -e ".[bench]" "$(TORCH)"
 	$(VPY) benchmarks/run_all.py
 
 lint: $(STAMP)

@@ -15,13 +15,13 @@ def mixture_source(chunk_size: int = 64, seed: int = 1234) -> StaticMixtureWorkS
 
 
 def bar_pipeline(checkpointing: bool = True, lanes: int = 1, prefetch: int = 3) -> Pipeline:
-    """The bar: 0.7/0.3 prose/code -> byte tokens -> shuffle 64 -> first-fit pack 512 -> batch 8."""
+    """The bar: 0.7/0.3 prose/code -> byte tokens -> split -> shuffle 64 -> pack 512 -> batch 8."""
     return (Pipeline(mixture_source(), canonical_replicas=lanes, flush_every_k_chunks=4,
                      seed=1234, prefetch=prefetch, checkpointing=checkpointing)
             .fetch()
             .map(corpora.byte_tokens, name="byte_tokens")
-            .shuffle(buffer_size=64)
             .split(max_len=512)
+            .shuffle(buffer_size=64)
             .pack(seq_len=512, bins=8)
             .batch(batch_size=8))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import bench_core  # noqa: E402
+import bench_vs_grain  # noqa: E402
 
 if __name__ == "__main__":
-    print(json.dumps({"core": bench_core.main()}, indent=2))
+    print(json.dumps({"vs_grain": bench_vs_grain.main(), "core": bench_core.main()}, indent=2))

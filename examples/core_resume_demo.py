@@ -127,7 +127,8 @@ def main() -> None:
             mark = "==" if reference[i] == resumed[i] else "!="
             print(f"  batch {i + 1:3d}: uninterrupted {reference[i]} {mark} resumed {resumed[i]}")
         if diverged or len(resumed) != len(reference):
-            print(f"\nSTREAMS DIFFER: first divergence at batch {diverged[0] + 1 if diverged else '?'}")
+            first = diverged[0] + 1 if diverged else len(resumed) + 1
+            print(f"\nSTREAMS DIFFER: first divergence at batch {first}")
             sys.exit(1)
         print(f"\nidentical: all {TOTAL} batches match bit for bit across the interruption.")
 

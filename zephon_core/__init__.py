@@ -1,9 +1,17 @@
 """Zephon: a deterministic, checkpointable streaming data pipeline for LLM training."""
 
 from .engine.pipeline import Pipeline
-from .errors import (CheckpointError, ConfigError, ContractViolation, CorruptCheckpoint,
-                     IncompatibleCheckpoint, PipelineError, ReplayDivergence, TopologyError,
-                     ZephonError)
+from .errors import (
+                     CheckpointError,
+                     ConfigError,
+                     ContractViolation,
+                     CorruptCheckpoint,
+                     IncompatibleCheckpoint,
+                     PipelineError,
+                     ReplayDivergence,
+                     TopologyError,
+                     ZephonError,
+)
 from .ops import Operator, OpTraits
 from .records import Contributor, Record, SampleCursor, tombstone
 from .sources import StaticMixtureWorkSource, WorkChunk, WorkSource

@@ -20,7 +20,7 @@ from typing import Any
 from ..checkpoint.fingerprint import fingerprint
 from ..checkpoint.replay_filter import ReplayFilter
 from ..errors import ConfigError
-from ..ops.base import Operator, OpContext
+from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
 

@@ -209,7 +209,7 @@ class LaneStream:
         """Flush (or finish) each operator in order, feeding what it emits downstream."""
         lane = self.lane
         carry: list[Record] = []
-        for i, op in enumerate(ops):
+        for op in ops:
             carry = run_ops((op,), carry, lane, tombs)
             try:
                 emitted = list(op.finish(lane) if final else op.flush(True, lane))

@@ -16,8 +16,17 @@ from ..checkpoint import codec
 from ..checkpoint.fingerprint import config_diff
 from ..checkpoint.state import PipelineState
 from ..errors import ConfigError, IncompatibleCheckpoint
-from ..ops import (BatchOp, EnsureMixtureOp, FetchOp, FilterOp, MapOp, Operator, PackOp,
-                   ShuffleOp, SplitOp)
+from ..ops import (
+    BatchOp,
+    EnsureMixtureOp,
+    FetchOp,
+    FilterOp,
+    MapOp,
+    Operator,
+    PackOp,
+    ShuffleOp,
+    SplitOp,
+)
 from ..sources.base import SourceSpec
 from .compile import Plan, compile_plan
 from .run import PipelineRun

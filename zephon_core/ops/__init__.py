@@ -1,6 +1,6 @@
 """Built-in operators, one per module."""
 
-from .base import Operator, OpContext, OpTraits
+from .base import OpContext, Operator, OpTraits
 from .batch import BatchOp
 from .ensure_mixture import EnsureMixtureOp
 from .fetch import FetchOp

@@ -22,7 +22,7 @@ from torch.utils.data import default_collate
 
 from ..errors import ConfigError
 from ..records import Record
-from .base import Operator, OpContext, OpTraits
+from .base import OpContext, Operator, OpTraits
 
 
 class BatchOp(Operator):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import ConfigError
 from ..records import Record, component_tokens
-from .base import Operator, OpContext, OpTraits
+from .base import OpContext, Operator, OpTraits
 
 
 class _LaneMix:

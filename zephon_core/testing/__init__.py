@@ -1,7 +1,14 @@
 """Test helpers users call on their own pipelines and operators."""
 
-from .resume import (ResumeMismatch, ResumeReport, assert_resume_equivalent,
-                     assert_streams_equal, first_difference, reseed_globals, take)
+from .resume import (
+                     ResumeMismatch,
+                     ResumeReport,
+                     assert_resume_equivalent,
+                     assert_streams_equal,
+                     first_difference,
+                     reseed_globals,
+                     take,
+)
 
 __all__ = ["assert_resume_equivalent", "assert_streams_equal", "first_difference",
            "reseed_globals", "take", "ResumeMismatch", "ResumeReport"]

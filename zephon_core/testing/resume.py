@@ -43,7 +43,8 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"
         if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
-            return f"{path}: tensors differ ({a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)})"
+            return (f"{path}: tensors differ ({a.dtype}{tuple(a.shape)} vs "
+                    f"{b.dtype}{tuple(b.shape)})")
         return None
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
