@@ -88,18 +88,30 @@ def reseed_globals(salt: int) -> None:
 
 
 def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[int],
-                             total: int, *, through_bytes: bool = True) -> ResumeReport:
+                             total: int | None = None, *,
+                             through_bytes: bool = True) -> ResumeReport:
     """Check that cutting at each of ``cut_points`` and resuming changes nothing.
+
+    Besides the streams, it checks that a restored pipeline reports exactly the
+    state it was given (restore is lossless) before it produces anything.
+
+    Example::
+
+        assert_resume_equivalent(lambda: build_pipeline(), cut_points=[0, 1, 17, 90])
 
     Args:
         build_fn: builds a fresh, identically configured Pipeline.
         cut_points: numbers of outputs consumed before each checkpoint.
-        total: outputs to compare per run (fewer if the stream ends first).
+        total: outputs to compare per run (default: the largest cut + 50; fewer if
+            the stream ends first).
         through_bytes: round-trip each state through the msgpack+zstd codec.
 
     Returns:
         A :class:`ResumeReport` with chunks replayed and checkpoint sizes per cut.
     """
+    cut_points = list(cut_points)
+    if total is None:
+        total = max(cut_points, default=0) + 50
     ref_pipe = build_fn()
     try:
         reference = take(ref_pipe, total)
@@ -122,6 +134,11 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         second = build_fn()
         try:
             second.load_state_dict(state)
+            again = second.checkpoint()
+            d = first_difference(state, again)
+            if d is not None:
+                raise ResumeMismatch(f"cut {cut}: restored pipeline reports a different state "
+                                     f"than it was given: {d}")
             tail = take(second, len(reference) - cut)
             replayed = second.chunks_replayed
         finally:

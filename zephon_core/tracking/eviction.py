@@ -64,18 +64,26 @@ class LaneTracker:
 
     def close(self, contributors: list[Contributor]) -> None:
         """Children that were delivered or tombstoned."""
-        if self.epoch_based:
-            progress = self.progress
-            for c in contributors:
-                p = progress.get(c.chunk_id)
-                if p is not None:
-                    p.close_child(c.offset, c.child, c.is_last_child)
+        if not self.epoch_based:
+            return
+        progress = self.progress
+        for chunk_id, offset, child, is_last, _, _ in contributors:
+            p = progress.get(chunk_id)
+            if p is None:
+                continue
+            if child == 0 and is_last:  # the common whole-sample case, inlined
+                closed = p.closed
+                if not closed[offset]:
+                    closed[offset] = 1
+                    p.popcount += 1
+            else:
+                p.close_child(offset, child, is_last)
 
     def deliver(self, contributors: list[Contributor], cursor: SampleCursor) -> Delivery:
         """Account one output and return the lane state right after it."""
         tokens = self.tokens
         for c in contributors:
-            tokens[c.component] += c.n_tokens or 1
+            tokens[c[4]] += c[5] or 1
         self.close(contributors)
         self.cursor = cursor
         self.delivered += 1
