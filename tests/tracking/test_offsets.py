@@ -52,7 +52,7 @@ def test_every_arrival_order_of_children_closes_exactly_at_the_last_arrival():
     n_children = 4
     for order in itertools.permutations(range(n_children)):
         p = ChunkProgress(0, 1)
-        for i, child in enumerate(order):
+        for child in order:
             assert not p.complete, f"closed early in order {order}"
             p.close_child(0, child, child == n_children - 1)
         assert p.complete, f"never closed in order {order}"

@@ -21,7 +21,8 @@ MAX_DECOMPRESSED = 512 * 1024 * 1024
 
 def encode(state: dict[str, Any], level: int = 3) -> bytes:
     raw = msgpack.packb(state, use_bin_type=True)
-    return MAGIC + zstandard.ZstdCompressor(level=level, write_content_size=True).compress(raw)
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
+    return MAGIC + cctx.compress(raw)
 
 
 def decode(data: bytes, max_size: int = MAX_DECOMPRESSED) -> dict[str, Any]:
@@ -30,13 +31,19 @@ def decode(data: bytes, max_size: int = MAX_DECOMPRESSED) -> dict[str, Any]:
     data = bytes(data)
     if not data.startswith(MAGIC):
         raise CorruptCheckpoint("not a Zephon checkpoint file (bad magic header)")
+    frame = data[len(MAGIC):]
     try:
-        raw = zstandard.ZstdDecompressor().decompress(data[len(MAGIC):], max_output_size=max_size)
+        declared = zstandard.get_frame_parameters(frame).content_size
+        if declared > max_size:  # 0 means "unknown"; then max_output_size bounds it
+            raise CorruptCheckpoint(f"checkpoint declares {declared} decompressed bytes, more "
+                                    f"than the {max_size}-byte limit")
+        raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max_size)
     except zstandard.ZstdError as e:
         raise CorruptCheckpoint(f"checkpoint is truncated or corrupted (zstd: {e})") from e
     try:
         state = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as e:
         raise CorruptCheckpoint(f"checkpoint payload is corrupted (msgpack: {e})") from e
     if not isinstance(state, dict):
         raise CorruptCheckpoint("checkpoint payload is not a mapping")

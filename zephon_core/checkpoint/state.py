@@ -66,7 +66,7 @@ class LaneState:
                  boundaries=[_int(b, "boundary") for b in _list(d["boundaries"], "boundaries")],
                  source=d["source"], cursor=cursor,
                  delivered=_int(d["delivered"], "delivered"),
-                 exhausted=bool(d["exhausted"]),
+                 exhausted=_bool(d["exhausted"], "exhausted"),
                  tokens=[_int(t, "tokens") for t in _list(d["tokens"], "tokens")])
         ids = [c.chunk_id for c in chunks]
         if ids != list(range(st.floor, st.next_chunk)):
@@ -122,6 +122,12 @@ def _check_keys(d: Any, keys: set[str], what: str) -> None:
 def _int(x: Any, what: str) -> int:
     if isinstance(x, bool) or not isinstance(x, int):
         raise CorruptCheckpoint(f"{what} is {x!r}, expected an int")
+    return x
+
+
+def _bool(x: Any, what: str) -> bool:
+    if not isinstance(x, bool):
+        raise CorruptCheckpoint(f"{what} is {x!r}, expected a bool")
     return x
 
 

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
+from .stats import OpStats
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class Stage:
 
     @property
     def cap(self) -> int:
-        return max(op.parallelism for op in self.ops) if self.runner == "threads" else 1
+        return sum(op.parallelism for op in self.ops) if self.runner == "threads" else 1
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
         ops.insert(at, replay_filter)
 
     for i, op in enumerate(ops):
+        op.stats = OpStats()
         op.bind(OpContext(seed=derive_seed(seed, "op", i, op.name), index=i,
                           component_names=tuple(source.component_names),
                           weights=tuple(source.weights), source=source,

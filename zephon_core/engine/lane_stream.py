@@ -23,6 +23,7 @@ import copy
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor
+from time import perf_counter
 from typing import Any, NamedTuple
 
 from ..checkpoint.state import LaneState
@@ -61,6 +62,18 @@ def _call_failed(op: Operator, lane: int, record: Record | None, e: Exception) -
     return err
 
 
+def _failing_record(op: Operator, records: list[Record], lane: int) -> Record | None:
+    """Which record made a stateless operator fail (re-running it is side-effect free)."""
+    if len(records) == 1 or not op.traits.stateless or getattr(op, "batched", False):
+        return records[0] if records else None
+    for r in records:
+        try:
+            op.process(r, lane)
+        except Exception:  # noqa: BLE001
+            return r
+    return None
+
+
 def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
             tombs: list[Record]) -> list[Record]:
     """Push a microbatch through ``ops`` layer by layer; tombstones skip to ``tombs``.
@@ -74,12 +87,28 @@ def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
         live = [r for r in records if r.payload is not TOMBSTONE]
         if len(live) != len(records):
             tombs.extend(r for r in records if r.payload is TOMBSTONE)
-        try:
-            records = op.process_many(live, lane)
-        except PipelineError:
-            raise
-        except Exception as e:  # noqa: BLE001 - re-raised with where it came from
-            raise _call_failed(op, lane, live[0] if len(live) == 1 else None, e) from e
+        t0 = perf_counter()
+        if op.traits.stateless:
+            try:
+                records = op.process_many(live, lane)
+            except PipelineError:
+                raise
+            except Exception as e:  # noqa: BLE001 - re-raised with where it came from
+                raise _call_failed(op, lane, _failing_record(op, live, lane), e) from e
+        else:
+            records = []
+            r = None
+            try:
+                for r in live:
+                    records.extend(op.process(r, lane))
+            except PipelineError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise _call_failed(op, lane, r, e) from e
+        st = op.stats
+        st.seconds += perf_counter() - t0
+        st.records_in += len(live)
+        st.records_out += len(records)
     return records
 
 
@@ -217,6 +246,7 @@ class LaneStream:
                 raise
             except Exception as e:  # noqa: BLE001
                 raise _call_failed(op, lane, None, e) from e
+            op.stats.records_out += len(emitted)
             carry.extend(emitted)
             if not final and op.has_pending(lane) and not isinstance(op, BatchOp):
                 raise ContractViolation(

@@ -29,7 +29,7 @@ from ..ops import (
 )
 from ..sources.base import SourceSpec
 from .compile import Plan, compile_plan
-from .run import PipelineRun
+from .run import PipelineRun, check_progress
 
 
 class Pipeline:
@@ -195,6 +195,7 @@ class Pipeline:
                 "the checkpoint was written by a differently configured pipeline: "
                 + ("; ".join(diff[:10]) if diff else "fingerprints differ")
                 + ". Rebuild the pipeline exactly as it was when the checkpoint was taken.")
+        check_progress(parsed, self.canonical_replicas)
         if self._run is not None:
             self._run.close()
         self._run = None

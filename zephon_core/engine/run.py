@@ -27,8 +27,6 @@ class PipelineRun:
         n = plan.num_lanes
         self.order = list(range(n))
         self.position = restored.position if restored is not None else 0
-        if restored is not None:
-            _check_progress(restored, n)
         cap = max((st.cap for st in plan.stages if st.runner == "threads"), default=0)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-stage") if cap else None
         self.streams = {lane: LaneStream(plan, lane,
@@ -107,6 +105,7 @@ class PipelineRun:
             "inflight_chunks": {lane: len(s.ledger) for lane, s in self.streams.items()},
             "queue_depths": self.pump.queued() if self.pump else {},
             "chunks_replayed": self.chunks_replayed,
+            "operators": {op.name: op.stats.as_dict() for op in self.plan.ops},
             "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
             "mixture_target": dict(zip(names, self.plan.source.weights)),
             "padding_ratio": (batch.pad_tokens / batch.total_tokens
@@ -123,7 +122,7 @@ class PipelineRun:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _check_progress(state: PipelineState, n: int) -> None:
+def check_progress(state: PipelineState, n: int) -> None:
     """Lane progress must be consistent with one global position."""
     if sorted(state.lanes) != list(range(n)):
         raise IncompatibleCheckpoint(f"checkpoint holds lanes {sorted(state.lanes)}, the "

@@ -39,9 +39,13 @@ class WorkChunk:
     def from_state(cls, lane: int, state: list) -> WorkChunk:
         try:
             chunk_id, seed, components, rows = state
+            if not isinstance(components, (list, tuple)) or not isinstance(rows, (list, tuple)):
+                raise ValueError("components and rows must be lists")
             if len(components) != len(rows) or not rows:
-                raise ValueError("components/rows length mismatch")
-            return cls(int(lane), int(chunk_id), tuple(int(c) for c in components),
-                       tuple(int(r) for r in rows), int(seed))
+                raise ValueError("components/rows length mismatch or empty chunk")
+            for x in (chunk_id, seed, *components, *rows):
+                if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                    raise ValueError(f"{x!r} is not a non-negative int")
+            return cls(lane, chunk_id, tuple(components), tuple(rows), seed)
         except (TypeError, ValueError) as e:
             raise CorruptCheckpoint(f"invalid work chunk in lane {lane}: {e}") from e

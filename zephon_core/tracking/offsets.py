@@ -16,8 +16,8 @@ class ChunkProgress:
         self.size = size
         self.closed = bytearray(size)
         self.popcount = 0
-        # offset -> [children seen, index of the last child or -1 while unknown]
-        self.children: dict[int, list[int]] | None = None
+        # offset -> (distinct children seen, index of the last child or -1 while unknown)
+        self.children: dict[int, list] | None = None
 
     @property
     def complete(self) -> bool:
@@ -31,11 +31,11 @@ class ChunkProgress:
             self.children = {}
         st = self.children.get(offset)
         if st is None:
-            st = self.children[offset] = [0, -1]
-        st[0] += 1
+            st = self.children[offset] = [set(), -1]
+        st[0].add(child)  # a set: a child reported twice must not stand in for a missing one
         if is_last:
             st[1] = child
-        if st[1] >= 0 and st[0] == st[1] + 1:
+        if st[1] >= 0 and len(st[0]) == st[1] + 1:
             del self.children[offset]
             self._close(offset)
 

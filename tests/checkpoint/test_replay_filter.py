@@ -1,0 +1,194 @@
+"""The replay filter: drops the consumed prefix by cursor *equality*, as tombstones.
+
+Seed page: "on resume the filter drops records until it sees a cursor equal
+to that target, drops the target too, and then forwards everything after
+it"; dropped records become tombstones; SPEC 7: divergence is detected
+(ReplayDivergence naming lane and target), never silent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import source
+
+from zephon_core import Operator, OpTraits, Pipeline, ReplayDivergence
+from zephon_core.checkpoint.replay_filter import ReplayFilter
+from zephon_core.records import Contributor, Record, SampleCursor
+
+
+def rec(lane: int, cid: int, off: int, child: int = 0, payload=None) -> Record:
+    return Record(payload if payload is not None else {"x": (cid, off, child)},
+                  SampleCursor(lane, cid, off, child),
+                  [Contributor(cid, off, child, True, 0, 3)])
+
+
+# Five records of lane 0, chunk 0, in the shuffled original-run order C2 C1 C3 C4 C5.
+C = {i: rec(0, 0, i) for i in range(6)}
+
+
+def test_equality_match_drops_prefix_as_tombstones_and_forwards_the_rest():
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    rf.set_target(0, C[3].cursor)
+    out = []
+    for r in (C[2], C[1], C[3], C[4], C[5]):
+        out.extend(rf.process(r, 0))
+    assert len(out) == 5
+    assert [o.is_tombstone for o in out] == [True, True, True, False, False]
+    assert [o.cursor for o in out] == [C[i].cursor for i in (2, 1, 3, 4, 5)]
+    # tombstones carry the dropped records' contributors, so their offsets close
+    assert [o.contributors for o in out[:3]] == [C[i].contributors for i in (2, 1, 3)]
+    assert out[3] is C[4] and out[4] is C[5]
+    # The match is equality, not a threshold: a later record below C3 is forwarded.
+    late = rf.process(C[0], 0)
+    assert late == [C[0]] and not late[0].is_tombstone
+    assert rf.targets == {}
+
+
+def test_threshold_would_be_wrong_records_below_target_after_it_pass():
+    rf = ReplayFilter("x_replay_filter", monotone=False)
+    rf.set_target(0, SampleCursor(0, 2, 5, 1))
+    before = [rec(0, 3, 0), rec(0, 2, 6), rec(0, 2, 5, 0)]
+    assert all(o.is_tombstone for r in before for o in rf.process(r, 0))
+    assert rf.process(rec(0, 2, 5, 1), 0)[0].is_tombstone  # the target itself is dropped
+    after = [rec(0, 1, 0), rec(0, 2, 5, 0), rec(0, 0, 0)]
+    for r in after:
+        assert rf.process(r, 0) == [r]
+
+
+def test_process_many_matches_process():
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    rf.set_target(0, C[3].cursor)
+    out = rf.process_many([C[2], C[1], C[3], C[4], C[5], C[0]], 0)
+    assert [o.is_tombstone for o in out] == [True, True, True, False, False, False]
+    assert out[3:] == [C[4], C[5], C[0]]
+
+
+def test_targets_are_per_lane():
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    rf.set_target(0, SampleCursor(0, 0, 3, 0))
+    r1 = rec(1, 0, 0)
+    assert rf.process(r1, 1) == [r1]           # lane 1 has no target: pass-through
+    assert rf.process(rec(0, 0, 0), 0)[0].is_tombstone
+    rf.set_target(1, SampleCursor(1, 0, 1, 0))
+    assert rf.process(rec(1, 0, 1), 1)[0].is_tombstone
+    assert rf.process(rec(1, 0, 2), 1)[0].is_tombstone is False
+    assert 0 in rf.targets and 1 not in rf.targets
+    rf.set_target(0, None)
+    assert rf.targets == {}
+
+
+def test_pass_through_without_target():
+    rf = ReplayFilter("batch_replay_filter", monotone=True)
+    recs = [rec(0, c, o) for c in range(3) for o in range(3)]
+    for r in recs:
+        assert rf.process(r, 0) == [r]
+    assert rf.process_many(recs, 0) == recs
+    assert not any(r.is_tombstone for r in rf.process_many(recs, 0))
+    rf.check_epoch_end(0, 100)   # no target: never diverges
+    assert list(rf.finish(0)) == []
+
+
+def _assert_names(e: pytest.ExceptionInfo, lane: int, target: SampleCursor) -> None:
+    msg = str(e.value)
+    assert f"lane {lane}" in msg
+    assert str(tuple(target)) in msg
+
+
+def test_divergence_when_an_epoch_past_the_target_ends():
+    target = SampleCursor(2, 3, 1, 0)
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    rf.set_target(2, target)
+    rf.check_epoch_end(2, 2)  # an earlier epoch ending is fine
+    rf.check_epoch_end(2, 3)  # the flush before chunk 3 does not end the target's epoch
+    rf.check_epoch_end(1, 8)  # another lane's flush is irrelevant
+    with pytest.raises(ReplayDivergence) as e:
+        rf.check_epoch_end(2, 4)
+    _assert_names(e, 2, target)
+
+
+def test_no_divergence_once_target_was_seen():
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    target = SampleCursor(0, 0, 1, 0)
+    rf.set_target(0, target)
+    rf.process(rec(0, 0, 1), 0)
+    rf.check_epoch_end(0, 10)
+    assert list(rf.finish(0)) == []
+
+
+def test_divergence_at_the_end_of_the_stream():
+    target = SampleCursor(0, 7, 0, 0)
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    rf.set_target(0, target)
+    with pytest.raises(ReplayDivergence) as e:
+        rf.finish(0)
+    _assert_names(e, 0, target)
+
+
+def test_monotone_divergence_on_a_later_chunk_record():
+    target = SampleCursor(1, 4, 2, 0)
+    rf = ReplayFilter("tokenize_replay_filter", monotone=True)
+    rf.set_target(1, target)
+    assert rf.process(rec(1, 3, 9), 1)[0].is_tombstone
+    assert rf.process(rec(1, 4, 3), 1)[0].is_tombstone  # same chunk, different offset: wait
+    with pytest.raises(ReplayDivergence) as e:
+        rf.process(rec(1, 5, 0), 1)
+    _assert_names(e, 1, target)
+
+
+def test_non_monotone_later_chunk_record_is_not_divergence():
+    rf = ReplayFilter("batch_replay_filter", monotone=False)
+    rf.set_target(0, SampleCursor(0, 4, 2, 0))
+    assert rf.process(rec(0, 5, 0), 0)[0].is_tombstone  # reordered tail: keep waiting
+
+
+# -- end to end: a non-deterministic operator is caught on resume -------------------------
+
+_RUNS = [0]
+
+
+class RunStamped(Operator):
+    """A broken operator: its output identity depends on which run it is in."""
+
+    traits = OpTraits(preserves_cursor_order=False)
+    name = "stamp"
+
+    def bind(self, ctx) -> None:
+        super().bind(ctx)
+        _RUNS[0] += 1
+        self.run_id = _RUNS[0]
+
+    def process(self, record, lane_id):
+        c = record.cursor
+        return [Record(record.payload, SampleCursor(c.lane, c.chunk_id, c.offset, self.run_id),
+                       record.contributors)]
+
+
+def _tok(payload):
+    return {"input_ids": np.frombuffer(payload["text"].encode(), np.uint8).astype(np.int32)}
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_non_deterministic_operator_raises_replay_divergence_on_resume(prefetch):
+    def build():
+        return (Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=1,
+                         prefetch=prefetch)
+                .fetch().map(_tok, name="tokenize").then(RunStamped()))
+
+    first = build()
+    it = iter(first)
+    for _ in range(21):
+        next(it)
+    state = first.checkpoint()
+    first.close()
+    second = build()
+    second.load_state_dict(state)
+    with pytest.raises(ReplayDivergence) as e:
+        for _ in range(500):
+            next(iter(second))
+    second.close()
+    msg = str(e.value)
+    targets = {ls["lane"]: tuple(ls["cursor"]) for ls in state["lanes"]}
+    assert any(f"replay on lane {ln} " in msg and str(t) in msg
+               for ln, t in targets.items()), msg
+    assert "not deterministic" in msg

@@ -1,0 +1,227 @@
+"""User-defined operators through pipe.then(op), and what breaking the contract does.
+
+A well-behaved buffering operator (preserves_cursor_order=False, per-lane state, a
+flush that emits everything and resets, randomness keyed by seed/lane/replayed
+cursor) passes assert_resume_equivalent. One whose RNG survives flush(reset=True)
+must be caught -- as ReplayDivergence or ResumeMismatch, never silently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opkit import run, token_source
+
+from zephon_core import Operator, OpTraits, Pipeline
+from zephon_core.errors import ContractViolation, ReplayDivergence
+from zephon_core.records import Record
+from zephon_core.rng import generator
+from zephon_core.testing import ResumeMismatch, assert_resume_equivalent, take
+
+
+class LengthSortBuffer(Operator):
+    """Holds up to ``size`` records per lane and releases the shortest (ties: cursor)."""
+
+    traits = OpTraits(preserves_cursor_order=False)
+
+    def __init__(self, size: int = 4, name: str = "length_sort"):
+        self.size = size
+        self.name = name
+        self._held: dict[int, list[Record]] = {}
+
+    @staticmethod
+    def _key(r: Record):
+        return (len(r.payload["input_ids"]), tuple(r.cursor))
+
+    def process(self, record, lane_id):
+        held = self._held.setdefault(lane_id, [])
+        held.append(record)
+        if len(held) < self.size:
+            return []
+        held.sort(key=self._key)
+        return [held.pop(0)]
+
+    def flush(self, reset, lane_id):
+        held = sorted(self._held.pop(lane_id, []), key=self._key)
+        return held
+
+    def has_pending(self, lane_id):
+        return bool(self._held.get(lane_id))
+
+    def describe(self):
+        return {"op": "length_sort", "name": self.name, "size": self.size}
+
+
+class SeededReservoir(Operator):
+    """A buffer shuffle keyed by (operator seed, lane, first cursor after a reset)."""
+
+    traits = OpTraits(preserves_cursor_order=False)
+
+    def __init__(self, size: int = 5, name: str = "reservoir"):
+        self.size = size
+        self.name = name
+        self._lanes: dict[int, tuple[list[Record], np.random.Generator]] = {}
+
+    def _rng(self, lane_id, record):
+        return generator(self.ctx.seed, lane_id, *record.cursor)
+
+    def process(self, record, lane_id):
+        st = self._lanes.get(lane_id)
+        if st is None:
+            st = self._lanes[lane_id] = ([], self._rng(lane_id, record))
+        held, rng = st
+        held.append(record)
+        if len(held) <= self.size:
+            return []
+        return [held.pop(int(rng.integers(len(held))))]
+
+    def flush(self, reset, lane_id):
+        st = self._lanes.pop(lane_id, None)
+        if st is None:
+            return []
+        held, rng = st
+        return [held[i] for i in rng.permutation(len(held))]
+
+    def has_pending(self, lane_id):
+        return lane_id in self._lanes and bool(self._lanes[lane_id][0])
+
+
+class StickyRngReservoir(SeededReservoir):
+    """BROKEN: the lane RNG is created once and survives flush(reset=True)."""
+
+    def __init__(self, size: int = 5, name: str = "sticky_reservoir"):
+        super().__init__(size, name)
+        self._rngs: dict[int, np.random.Generator] = {}
+
+    def _rng(self, lane_id, record):
+        if lane_id not in self._rngs:
+            self._rngs[lane_id] = generator(self.ctx.seed, lane_id)
+        return self._rngs[lane_id]
+
+
+class LeakyFlush(LengthSortBuffer):
+    """BROKEN: flush keeps the last record."""
+
+    def flush(self, reset, lane_id):
+        held = sorted(self._held.get(lane_id, []), key=self._key)
+        self._held[lane_id] = held[-1:]
+        return held[:-1]
+
+
+def _tokenize_ids(p):
+    return {"input_ids": p["input_ids"], "id": p["id"]}
+
+
+def build(op_factory, *, lanes=1, k=1, prefetch=0, chunk_size=4, batch=False):
+    def fn():
+        pipe = (Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes,
+                         flush_every_k_chunks=k, seed=21, prefetch=prefetch)
+                .fetch().map(_tokenize_ids).then(op_factory()))
+        return pipe.batch(2, drop_last=True) if batch else pipe
+    return fn
+
+
+@pytest.mark.parametrize("factory", [LengthSortBuffer, SeededReservoir])
+@pytest.mark.parametrize(("lanes", "k", "prefetch", "batch"),
+                         [(1, 1, 0, False), (3, 2, 2, False), (2, 3, 1, True)])
+def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch):
+    fn = build(factory, lanes=lanes, k=k, prefetch=prefetch, batch=batch)
+    total = 60
+    out = run(fn(), total)
+    assert len(out) == total
+    report = assert_resume_equivalent(fn, [0, 1, 7, 20, 33, 45, 59, total], total)
+    assert max(report.chunks_replayed) <= lanes * (k + 2)  # bounded replay
+
+
+def test_good_custom_operator_really_reorders():
+    plain = [p["id"] for p in run(Pipeline(token_source(), seed=21).fetch(), 40)]
+    for factory in (LengthSortBuffer, SeededReservoir):
+        got = [p["id"] for p in run(build(factory, k=2)(), 40)]
+        assert got != plain
+        assert sorted(got[:8]) == sorted(plain[:8])  # one epoch = 2 chunks of 4
+
+
+def test_custom_operator_instance_is_not_shared_between_runs():
+    op = SeededReservoir()
+    pipe = (Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op))
+    a = [p["id"] for p in run(pipe, 30)]
+    pipe2 = (Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op))
+    b = [p["id"] for p in run(pipe2, 30)]
+    assert a == b
+    assert op._lanes == {}  # the pipeline worked on its own copy
+
+
+@pytest.mark.parametrize("cut", [13, 22, 37, 50])
+@pytest.mark.parametrize(("lanes", "prefetch"), [(1, 0), (2, 2)])
+def test_rng_surviving_reset_is_caught(cut, lanes, prefetch):
+    fn = build(StickyRngReservoir, lanes=lanes, k=1, prefetch=prefetch)
+    # uninterrupted runs are perfectly deterministic ...
+    assert [p["id"] for p in run(fn(), 60)] == [p["id"] for p in run(fn(), 60)]
+    # ... but a resume from a later epoch starts the RNG over: this must not pass
+    with pytest.raises((ReplayDivergence, ResumeMismatch)):
+        assert_resume_equivalent(fn, [cut], 60)
+
+
+def test_flush_that_keeps_data_is_a_contract_violation():
+    with pytest.raises(ContractViolation, match="length_sort"):
+        run(build(LeakyFlush, k=1)(), 40)
+
+
+# -- divergence must surface as ReplayDivergence ------------------------------------
+
+_DROP: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _clear_drop():
+    _DROP.clear()
+    yield
+    _DROP.clear()
+
+
+def _not_dropped(p):
+    return p["id"] not in _DROP
+
+
+def _checkpoint_then_change_data(build_fn, n):
+    """Consume n outputs, checkpoint, then make the data drop the last delivered row."""
+    pipe = build_fn()
+    try:
+        out = take(pipe, n)
+        state = pipe.checkpoint()
+    finally:
+        pipe.close()
+    _DROP.add(out[-1]["id"])
+    resumed = build_fn()
+    resumed.load_state_dict(state)
+    return resumed
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_divergence_epoch_based_is_typed(prefetch):
+    def fn():
+        return (Pipeline(token_source(), seed=3, prefetch=prefetch, flush_every_k_chunks=2)
+                .fetch().filter(_not_dropped).shuffle(3))
+    resumed = _checkpoint_then_change_data(fn, 10)
+    with pytest.raises(ReplayDivergence, match="lane 0"):
+        run(resumed, 5)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_divergence_monotone_is_typed(prefetch):
+    def fn():
+        return (Pipeline(token_source(), seed=3, prefetch=prefetch)
+                .fetch().filter(_not_dropped))
+    resumed = _checkpoint_then_change_data(fn, 10)
+    with pytest.raises(ReplayDivergence, match="lane 0"):
+        run(resumed, 5)
+
+
+def test_divergence_at_end_of_stream_is_typed():
+    def fn():
+        return (Pipeline(token_source(n_a=6, n_b=5, num_epochs=1), seed=3, prefetch=0)
+                .fetch().filter(_not_dropped))
+    n = len(run(fn(), 1000))
+    resumed = _checkpoint_then_change_data(fn, n)
+    with pytest.raises(ReplayDivergence, match="end of the stream"):
+        run(resumed, 5)

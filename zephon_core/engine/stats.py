@@ -1,0 +1,18 @@
+"""Live per-operator counters (informational; updated without locks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class OpStats:
+    records_in: int = 0
+    records_out: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        busy = self.seconds
+        return {"records_in": self.records_in, "records_out": self.records_out,
+                "busy_s": round(busy, 6),
+                "records_per_busy_s": round(self.records_in / busy, 1) if busy > 0 else 0.0}
