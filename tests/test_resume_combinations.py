@@ -11,10 +11,10 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import byte_tokenize, source
+from helpers import byte_tokenize, reference_pipeline, source
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
-from zephon_core.testing import assert_resume_equivalent, take
+from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 SEQ = 128
 
@@ -235,3 +235,74 @@ def test_monotone_chains_ignore_k():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flush_every_k_chunks=2")
         assert_resume_equivalent(build, [0, 1, 5, 17, 30], 40)
+
+
+# -- the shared reference pipeline (tests/helpers.py) --------------------------------
+
+@pytest.mark.parametrize(("lanes", "k", "prefetch", "parallelism"),
+                         [(1, 1, 0, 1), (3, 2, 3, 3), (8, 5, 2, 2), (3, 5, 0, 1),
+                          (8, 1, 0, 3)])
+def test_reference_pipeline(lanes, k, prefetch, parallelism):
+    def build():
+        return reference_pipeline(lanes=lanes, k=k, chunk_size=4, seq_len=64,
+                                  prefetch=prefetch, parallelism=parallelism)
+
+    boundary = boundary_cut(build, 400, k)
+    assert boundary is not None
+    total = 2 * boundary + 2 * lanes
+    assert_resume_equivalent(build, cut_points(total, boundary), total)
+
+
+# -- resuming a resumed pipeline, and switching runtime knobs on resume ---------------
+
+def _resume(build, state, n):
+    pipe = build()
+    pipe.load_state_dict(state)
+    try:
+        return take(pipe, n), pipe.checkpoint()
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("chain", ["map_filter_split", "full_drop_last", "full_keep_last",
+                                   "shuffle_then_pack", "mix_before_pack"])
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_resume_twice_and_checkpoint_is_idempotent(chain, lanes):
+    build, _ = build_fn(chain, lanes=lanes, k=2, prefetch=2, parallelism=2)
+    total = 24 * lanes
+    ref_pipe = build()
+    try:
+        reference = take(ref_pipe, total)
+    finally:
+        ref_pipe.close()
+    a, b = 5 * lanes + 1, 13 * lanes + 2
+    first = build()
+    try:
+        head = take(first, a)
+        s1 = first.checkpoint()
+        assert first.checkpoint() == s1  # taking a checkpoint changes nothing
+    finally:
+        first.close()
+    mid, s2 = _resume(build, s1, b - a)
+    tail, _ = _resume(build, s2, total - b)
+    for what, want, got in (("head", reference[:a], head), ("mid", reference[a:b], mid),
+                            ("tail", reference[b:], tail)):
+        assert_streams_equal(want, got, what)
+
+
+@pytest.mark.parametrize("chain", ["filter", "to_mixture", "full_drop_last", "unpacked_batches"])
+def test_resume_with_different_runtime_knobs(chain):
+    """parallelism / prefetch / queue_size do not change the stream, so a checkpoint
+    taken with one setting resumes exactly under another."""
+    knobs = [dict(prefetch=0, parallelism=1, queue_size=1),
+             dict(prefetch=4, parallelism=3, queue_size=4),
+             dict(prefetch=1, parallelism=2, queue_size=2)]
+    calls = []
+
+    def build():
+        kw = knobs[len(calls) % len(knobs)]
+        calls.append(kw)
+        return build_fn(chain, lanes=3, k=2, **kw)[0]()
+
+    assert_resume_equivalent(build, [0, 1, 7, 20, 33, 47], 60)
+    assert len({tuple(sorted(c.items())) for c in calls}) == 3

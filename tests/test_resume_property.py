@@ -8,18 +8,18 @@ token fragments no longer than its seq_len, so a split always precedes a pack.
 
 from __future__ import annotations
 
+from helpers import source
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_resume_combinations import MONOTONE_STEPS, STEPS
 
-from helpers import source
 from zephon_core import Pipeline
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 MIDDLE = ["filter", "map2", "split", "pack", "shuffle", "mix"]
 BATCHES = [None, "batch_drop", "batch_keep", "batch_longest"]
 
-PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -71,7 +71,7 @@ def builder(cfg, rt):
 
 
 @PROPERTY
-@given(cfg=configs(), rt=runtime, total=st.integers(5, 60), data=st.data())
+@given(cfg=configs(), rt=runtime, total=st.integers(20, 80), data=st.data())
 def test_resumed_equals_uninterrupted(cfg, rt, total, data):
     cuts = data.draw(st.lists(st.integers(0, total), min_size=1, max_size=3, unique=True),
                      label="cuts")
@@ -79,8 +79,8 @@ def test_resumed_equals_uninterrupted(cfg, rt, total, data):
     assert report.total == total
 
 
-@PROPERTY
-@given(cfg=configs(), rt1=runtime, rt2=runtime, total=st.integers(5, 60))
+@settings(PROPERTY, max_examples=100)
+@given(cfg=configs(), rt1=runtime, rt2=runtime, total=st.integers(20, 80))
 def test_output_independent_of_runtime_knobs(cfg, rt1, rt2, total):
     outs = []
     for rt in (rt1, rt2):
@@ -91,3 +91,21 @@ def test_output_independent_of_runtime_knobs(cfg, rt1, rt2, total):
             pipe.close()
     assert len(outs[0]) == total
     assert_streams_equal(outs[0], outs[1], f"{cfg['steps']}: {rt1} vs {rt2}")
+
+
+@settings(PROPERTY, max_examples=60)
+@given(cfg=configs(), rts=st.lists(runtime, min_size=2, max_size=3),
+       total=st.integers(20, 80), data=st.data())
+def test_resume_under_other_runtime_knobs(cfg, rts, total, data):
+    """A checkpoint taken with one parallelism/prefetch/queue_size resumes exactly under
+    another (each pipeline assert_resume_equivalent builds uses the next setting)."""
+    cuts = data.draw(st.lists(st.integers(0, total), min_size=1, max_size=3, unique=True),
+                     label="cuts")
+    builders = [builder(cfg, rt) for rt in rts]
+    calls = [0]
+
+    def build():
+        calls[0] += 1
+        return builders[calls[0] % len(builders)]()
+
+    assert_resume_equivalent(build, sorted(cuts), total)

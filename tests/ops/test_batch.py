@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opkit import bind, feed, rec, run, run_all, token_source
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
@@ -34,10 +36,12 @@ def test_unpacked_rows_dtypes_shapes_labels_and_mask():
     out = b.payload
     assert set(out) == {"input_ids", "labels", "attention_mask"}
     for k in out:
-        assert out[k].dtype == torch.int64 and out[k].shape == (2, 6)
+        assert out[k].shape == (2, 6)
+    assert out["input_ids"].dtype == out["labels"].dtype == torch.int64
+    assert out["attention_mask"].dtype in (torch.int64, torch.bool)
     assert out["input_ids"].tolist() == [[5, 6, 7, 0, 0, 0], [1, 2, 3, 4, 9, 0]]
     assert out["labels"].tolist() == [[5, 6, 7, -100, -100, -100], [1, 2, 3, 4, 9, -100]]
-    assert out["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]]
+    assert out["attention_mask"].long().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]]
     assert b.cursor == r2.cursor                         # the last member's cursor
     assert b.contributors == r1.contributors + r2.contributors
 
@@ -66,12 +70,14 @@ def test_packed_rows_position_and_segment_ids():
     out = b.payload
     assert set(out) == {"input_ids", "labels", "attention_mask", "position_ids", "segment_ids"}
     for k in out:
-        assert out[k].dtype == torch.int64 and out[k].shape == (2, 10)
+        assert out[k].shape == (2, 10)
+        if k != "attention_mask":
+            assert out[k].dtype == torch.int64, k
     assert out["segment_ids"].tolist() == [[1, 1, 1, 2, 2, 2, 2, 0, 0, 0],
                                            [1, 1, 2, 2, 2, 2, 2, 3, 3, 3]]
     assert out["position_ids"][0, :7].tolist() == [0, 1, 2, 0, 1, 2, 3]
     assert out["position_ids"][1].tolist() == [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
-    assert out["attention_mask"].tolist() == [[1] * 7 + [0] * 3, [1] * 10]
+    assert out["attention_mask"].long().tolist() == [[1] * 7 + [0] * 3, [1] * 10]
     assert out["input_ids"][0].tolist() == [10, 10, 10, 20, 20, 20, 20, 0, 0, 0]
     assert out["labels"][0].tolist() == [10, 10, 10, 20, 20, 20, 20, -100, -100, -100]
     assert (out["labels"][1] == out["input_ids"][1]).all()
@@ -254,3 +260,44 @@ def test_pipeline_pad_to_longest_without_pack():
         lens = [len(r["input_ids"]) for r in rows[4 * i:4 * i + 4]]
         assert b["input_ids"].shape == (4, max(lens))
         assert b["attention_mask"].sum(1).tolist() == lens
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(bs=st.integers(1, 5), drop_last=st.booleans(), data=st.data())
+def test_batches_partition_the_input(bs, drop_last, data):
+    lens = data.draw(st.lists(st.integers(1, 9), max_size=30), label="lengths")
+    flush_after = set(data.draw(st.lists(st.integers(0, 30), max_size=4), label="flushes"))
+    op = batcher(bs, drop_last=drop_last, seq_len=9)
+    recs = [rec(i // 4, i % 4, n) for i, n in enumerate(lens)]
+    batches, partial_ok = [], []
+    for i, r in enumerate(recs):
+        batches += op.process(r, 0)
+        partial_ok += [False] * (len(batches) - len(partial_ok))
+        if i in flush_after:
+            batches += op.flush(True, 0)
+            partial_ok += [True] * (len(batches) - len(partial_ok))
+            pending = i + 1 - sum(b.payload["input_ids"].shape[0] for b in batches)
+            assert op.has_pending(0) == (pending > 0)
+            assert pending == 0 or drop_last  # only drop_last=True stalls
+    end = list(op.finish(0))
+    assert not op.has_pending(0)
+    live = [b for b in batches if not b.is_tombstone]
+    assert len(live) == len(batches)
+    rows = []
+    for b, ok in zip(live, partial_ok):
+        m = b.payload["attention_mask"].bool()
+        n = b.payload["input_ids"].shape[0]
+        assert n == bs or (ok and not drop_last)
+        assert b.cursor == recs[len(rows) + n - 1].cursor
+        rows += [b.payload["input_ids"][j][m[j]].tolist() for j in range(n)]
+    if drop_last:
+        assert all(t.is_tombstone for t in end)
+        assert len(rows) == len(recs) // bs * bs
+        assert sorted(c.offset + 4 * c.chunk_id for t in end for c in t.contributors) == \
+            list(range(len(rows), len(recs)))
+    else:
+        for b in end:
+            rows += [x[m].tolist() for x, m in zip(b.payload["input_ids"],
+                                                   b.payload["attention_mask"].bool())]
+        assert len(rows) == len(recs)
+    assert rows == [r.payload["input_ids"].tolist() for r in recs[:len(rows)]]

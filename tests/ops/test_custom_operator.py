@@ -86,6 +86,22 @@ class SeededReservoir(Operator):
         return lane_id in self._lanes and bool(self._lanes[lane_id][0])
 
 
+class KeyedTokenDropout(Operator):
+    """Stateless and order-keeping (runs on worker threads): drops ~10% of the tokens of
+    each record with randomness keyed by (operator seed, cursor) only."""
+
+    traits = OpTraits(preserves_cursor_order=True, stateless=True)
+
+    def __init__(self, parallelism: int = 3, name: str = "token_dropout"):
+        self.parallelism = parallelism
+        self.name = name
+
+    def process(self, record, lane_id):
+        ids = record.payload["input_ids"]
+        keep = generator(self.ctx.seed, *record.cursor).random(len(ids)) >= 0.1
+        return [record.with_payload({**record.payload, "input_ids": ids[keep]})]
+
+
 class StickyRngReservoir(SeededReservoir):
     """BROKEN: the lane RNG is created once and survives flush(reset=True)."""
 
@@ -114,14 +130,17 @@ def _tokenize_ids(p):
 
 def build(op_factory, *, lanes=1, k=1, prefetch=0, chunk_size=4, batch=False):
     def fn():
+        op = op_factory()
+        monotone = op.traits.preserves_cursor_order
         pipe = (Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes,
-                         flush_every_k_chunks=k, seed=21, prefetch=prefetch)
-                .fetch().map(_tokenize_ids).then(op_factory()))
+                         flush_every_k_chunks=None if monotone else k, seed=21,
+                         prefetch=prefetch)
+                .fetch().map(_tokenize_ids).then(op))
         return pipe.batch(2, drop_last=True) if batch else pipe
     return fn
 
 
-@pytest.mark.parametrize("factory", [LengthSortBuffer, SeededReservoir])
+@pytest.mark.parametrize("factory", [LengthSortBuffer, SeededReservoir, KeyedTokenDropout])
 @pytest.mark.parametrize(("lanes", "k", "prefetch", "batch"),
                          [(1, 1, 0, False), (3, 2, 2, False), (2, 3, 1, True)])
 def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch):
@@ -131,6 +150,12 @@ def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch
     assert len(out) == total
     report = assert_resume_equivalent(fn, [0, 1, 7, 20, 33, 45, 59, total], total)
     assert max(report.chunks_replayed) <= lanes * (k + 2)  # bounded replay
+
+
+def test_stateless_custom_operator_runs_on_threads():
+    plan = build(KeyedTokenDropout, k=2)().compile()
+    assert any(st.runner == "threads" and any(op.name == "token_dropout" for op in st.ops)
+               for st in plan.stages)
 
 
 def test_good_custom_operator_really_reorders():
@@ -158,6 +183,34 @@ def test_rng_surviving_reset_is_caught(cut, lanes, prefetch):
     # uninterrupted runs are perfectly deterministic ...
     assert [p["id"] for p in run(fn(), 60)] == [p["id"] for p in run(fn(), 60)]
     # ... but a resume from a later epoch starts the RNG over: this must not pass
+    with pytest.raises((ReplayDivergence, ResumeMismatch)):
+        assert_resume_equivalent(fn, [cut], 60)
+
+
+class StickyRngDrop(Operator):
+    """BROKEN, order-keeping: drops half the records with a per-lane RNG that is never
+    re-keyed, so a replay starting mid-stream draws different numbers."""
+
+    traits = OpTraits(preserves_cursor_order=True)
+
+    def __init__(self, name: str = "sticky_drop"):
+        self.name = name
+        self._rngs: dict[int, np.random.Generator] = {}
+
+    def process(self, record, lane_id):
+        rng = self._rngs.setdefault(lane_id, generator(5, lane_id))
+        return [record.to_tombstone() if rng.random() < 0.5 else record]
+
+
+@pytest.mark.parametrize("cut", [7, 13, 22, 31])
+def test_order_keeping_rng_counter_is_caught(cut):
+    def fn():
+        return Pipeline(token_source(), seed=3, prefetch=0).fetch().then(StickyRngDrop())
+
+    assert [p["id"] for p in run(fn(), 60)] == [p["id"] for p in run(fn(), 60)]
+    # depending on the cut the replay either produces other records after the target
+    # (ResumeMismatch) or drops the target itself (ReplayDivergence) -- never silence,
+    # and always one of the two documented error types
     with pytest.raises((ReplayDivergence, ResumeMismatch)):
         assert_resume_equivalent(fn, [cut], 60)
 

@@ -12,6 +12,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opkit import bind, feed, rec, run, token_source
 
 from zephon_core import Pipeline
@@ -199,3 +201,46 @@ def test_pipeline_reorders_only_within_epochs_and_balances_tokens():
         return np.mean(out)
 
     assert err(got) < err(base)
+
+
+def _model_release_order(items, targets, window, flush_after):
+    """Independent implementation of the documented rule over (component, tokens) items."""
+    held, emitted, total, out = [], [0.0] * len(targets), 0, []
+
+    def release():
+        nonlocal total
+        present = sorted({c for _, c, _ in held})
+        best = max(present, key=lambda c: (targets[c] * total - emitted[c], -c))
+        j = next(j for j, h in enumerate(held) if h[1] == best)
+        idx, c, n = held.pop(j)
+        emitted[c] += n
+        total += n
+        out.append(idx)
+
+    for i, (c, n) in enumerate(items):
+        held.append((i, c, n))
+        if len(held) >= window:
+            release()
+        if i in flush_after:
+            while held:
+                release()
+            emitted, total = [0.0] * len(targets), 0
+    return out
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(window=st.integers(1, 8), w0=st.integers(1, 5), w1=st.integers(0, 5),
+       data=st.data())
+def test_matches_the_documented_rule(window, w0, w1, data):
+    items = data.draw(st.lists(st.tuples(st.integers(0, 1), st.integers(1, 30)),
+                               max_size=50), label="items")
+    flush_after = set(data.draw(st.lists(st.integers(0, 50), max_size=3), label="flushes"))
+    targets = (w0 / (w0 + w1), w1 / (w0 + w1))
+    op = mix(window=window, weights=[w0, w1])
+    got = []
+    for i, (c, n) in enumerate(items):
+        got += [r.cursor.offset for r in op.process(rec(0, i, n, comp=c), 0)]
+        if i in flush_after:
+            got += [r.cursor.offset for r in op.flush(True, 0)]
+            assert not op.has_pending(0)
+    assert got == _model_release_order(items, targets, window, flush_after)

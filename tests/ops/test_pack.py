@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opkit import bind, feed, rec, run, token_source
 
 from zephon_core import Pipeline
@@ -252,3 +254,47 @@ def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bin
         assert g["input_ids"].tolist() == np.concatenate(parts).tolist()
         assert g["segment_lengths"].tolist() == [len(p) for p in parts]
         assert len(g["input_ids"]) <= seq_len
+
+
+def _model_groups(sizes, flush_after, seq_len, bins):
+    """Independent first-fit on fragment sizes; returns emitted groups of indices."""
+    out, slots = [], [[] for _ in range(bins)]
+    fill = [0] * bins
+    for i, n in enumerate(sizes):
+        if n == 0:
+            pass
+        else:
+            j = next((j for j in range(bins) if fill[j] + n <= seq_len), None)
+            if j is None:
+                j = max(range(bins), key=lambda b: (fill[b], -b))
+                out.append(slots[j])
+                slots[j], fill[j] = [], 0
+            slots[j] = slots[j] + [i]
+            fill[j] += n
+            if fill[j] == seq_len:
+                out.append(slots[j])
+                slots[j], fill[j] = [], 0
+        if i in flush_after:
+            out += [s for s in slots if s]
+            slots, fill = [[] for _ in range(bins)], [0] * bins
+    return out
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(seq_len=st.integers(1, 20), bins=st.integers(1, 4), data=st.data())
+def test_pack_matches_first_fit_model(seq_len, bins, data):
+    sizes = data.draw(st.lists(st.integers(0, seq_len), max_size=60), label="sizes")
+    flush_after = set(data.draw(st.lists(st.integers(0, 60), max_size=4), label="flushes"))
+    op = packer(seq_len, bins)
+    got = []
+    for i, n in enumerate(sizes):
+        for r in op.process(rec(0, i, n), 0):
+            if not r.is_tombstone:
+                got.append([c.offset for c in r.contributors])
+        if i in flush_after:
+            got += groups(op.flush(True, 0))
+            assert not op.has_pending(0)
+    assert got == _model_groups(sizes, flush_after, seq_len, bins)
+    rest = groups(op.flush(True, 0))
+    emitted = sorted(i for g in got + rest for i in g)
+    assert emitted == [i for i, n in enumerate(sizes) if n > 0]  # nothing lost or doubled

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opkit import bind, cursors, feed, rec, run, token_source
 
 from zephon_core import Pipeline
@@ -159,3 +161,35 @@ def test_pipeline_deterministic_and_seeded():
     c = [p["id"] for p in run(_pipe(seed=6), 60)]
     assert a == b
     assert a != c
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(buffer_size=st.integers(1, 12), n=st.integers(0, 60), data=st.data())
+def test_shuffle_invariants(buffer_size, n, data):
+    flush_after = set(data.draw(st.lists(st.integers(0, 60), max_size=4), label="flushes"))
+    recs = stream(n)
+
+    def go():
+        op = bind(ShuffleOp(buffer_size), seed=5)
+        out, held = [], 0
+        for i, r in enumerate(recs):
+            got = op.process(r, 0)
+            held += 1 - len(got)
+            assert held <= buffer_size
+            out += got
+            if i in flush_after:
+                out += op.flush(True, 0)
+                held = 0
+                assert not op.has_pending(0)
+        return out + list(op.flush(True, 0))
+
+    a = go()
+    assert sorted(cursors(a)) == sorted(cursors(recs))
+    assert cursors(go()) == cursors(a)
+    # nothing crosses a flush: every segment between flushes is a permutation of itself
+    cuts = sorted(i + 1 for i in flush_after if i < n)
+    pos = {c: i for i, c in enumerate(cursors(recs))}
+    lo = 0
+    for hi in cuts + [n]:
+        assert sorted(pos[c] for c in cursors(a[lo:hi])) == list(range(lo, hi))
+        lo = hi

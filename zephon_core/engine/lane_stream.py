@@ -27,7 +27,7 @@ from time import perf_counter
 from typing import Any, NamedTuple
 
 from ..checkpoint.state import LaneState
-from ..errors import ContractViolation, PipelineError
+from ..errors import ContractViolation, PipelineError, ZephonError
 from ..ops.base import Operator
 from ..ops.batch import BatchOp
 from ..records import TOMBSTONE, Contributor, Record, SampleCursor
@@ -91,7 +91,7 @@ def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
         if op.traits.stateless:
             try:
                 records = op.process_many(live, lane)
-            except PipelineError:
+            except ZephonError:  # already typed and located
                 raise
             except Exception as e:  # noqa: BLE001 - re-raised with where it came from
                 raise _call_failed(op, lane, _failing_record(op, live, lane), e) from e
@@ -101,7 +101,7 @@ def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
             try:
                 for r in live:
                     records.extend(op.process(r, lane))
-            except PipelineError:
+            except ZephonError:  # already typed and located
                 raise
             except Exception as e:  # noqa: BLE001
                 raise _call_failed(op, lane, r, e) from e
@@ -242,7 +242,7 @@ class LaneStream:
             carry = run_ops((op,), carry, lane, tombs)
             try:
                 emitted = list(op.finish(lane) if final else op.flush(True, lane))
-            except PipelineError:
+            except ZephonError:  # already typed and located
                 raise
             except Exception as e:  # noqa: BLE001
                 raise _call_failed(op, lane, None, e) from e
