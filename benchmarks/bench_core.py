@@ -13,19 +13,28 @@ import statistics
 import time
 import tracemalloc
 
-from common import bar_pipeline, reference_pipeline, throughput
+from common import bar_pipeline, paired_throughput, reference_pipeline
 
 from zephon_core import StaticMixtureWorkSource
 from zephon_core.checkpoint import codec
 
 
-def bench_overhead(n: int = 1500) -> dict:
+def bench_overhead(n: int = 3000) -> dict:
     res = {}
-    for name, build in (("bar", bar_pipeline), ("reference", reference_pipeline)):
-        on = throughput(lambda b=build: b(checkpointing=True), n)
-        off = throughput(lambda b=build: b(checkpointing=False), n)
-        res[name] = {"tracked_batches_per_s": round(on), "untracked_batches_per_s": round(off),
-                     "overhead_pct": round(100 * (off - on) / off, 1)}
+    variants = {"bar": (bar_pipeline, {}),
+                "reference (threads+pump)": (reference_pipeline, {}),
+                "reference (inline, no pump)": (reference_pipeline,
+                                                {"prefetch": 0, "parallelism": 1})}
+    for name, (build, kw) in variants.items():
+        r = paired_throughput({"on": lambda b=build, k=kw: b(checkpointing=True, **k),
+                               "off": lambda b=build, k=kw: b(checkpointing=False, **k)}, n)
+        ratios = sorted(off / on for on, off in zip(r["on"], r["off"]))
+        res[name] = {"tracked_batches_per_s": round(statistics.median(r["on"])),
+                     "untracked_batches_per_s": round(statistics.median(r["off"])),
+                     "overhead_pct_median_of_paired_rounds":
+                         round(100 * (1 - 1 / statistics.median(ratios)), 1),
+                     "overhead_pct_range": [round(100 * (1 - 1 / ratios[0]), 1),
+                                            round(100 * (1 - 1 / ratios[-1]), 1)]}
     return res
 
 

@@ -40,18 +40,32 @@ def reference_pipeline(checkpointing: bool = True, lanes: int = 4, prefetch: int
             .batch(batch_size=8))
 
 
+def _rate(build: Callable[[], Pipeline], n: int, warmup: int) -> float:
+    pipe = build()
+    it = iter(pipe)
+    for _ in itertools.islice(it, warmup):
+        pass
+    t0 = time.perf_counter()
+    for _ in itertools.islice(it, n):
+        pass
+    rate = n / (time.perf_counter() - t0)
+    pipe.close()
+    return rate
+
+
 def throughput(build: Callable[[], Pipeline], n: int, warmup: int = 50,
                repeats: int = 3) -> float:
     """Best-of-``repeats`` outputs/s over ``n`` outputs after ``warmup``."""
-    best = 0.0
-    for _ in range(repeats):
-        pipe = build()
-        it = iter(pipe)
-        for _ in itertools.islice(it, warmup):
-            pass
-        t0 = time.perf_counter()
-        for _ in itertools.islice(it, n):
-            pass
-        best = max(best, n / (time.perf_counter() - t0))
-        pipe.close()
-    return best
+    return max(_rate(build, n, warmup) for _ in range(repeats))
+
+
+def paired_throughput(builds: dict[str, Callable[[], Pipeline]], n: int, warmup: int = 50,
+                      rounds: int = 8) -> dict[str, list[float]]:
+    """Outputs/s of each variant per round, variants interleaved round by round (order
+    alternating) so that machine noise hits all of them alike."""
+    rates: dict[str, list[float]] = {name: [] for name in builds}
+    names = list(builds)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            rates[name].append(_rate(builds[name], n, warmup))
+    return rates

@@ -65,6 +65,7 @@ def _call_failed(op: Operator, lane: int, record: Record | None, e: Exception) -
 def _failing_record(op: Operator, records: list[Record], lane: int) -> Record | None:
     """Which record made a stateless operator fail (re-running it is side-effect free)."""
     if len(records) == 1 or not op.traits.stateless or getattr(op, "batched", False):
+        # a stateful operator cannot be re-run to find the culprit
         return records[0] if records else None
     for r in records:
         try:
@@ -88,7 +89,7 @@ def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
         if len(live) != len(records):
             tombs.extend(r for r in records if r.payload is TOMBSTONE)
         t0 = perf_counter()
-        if op.traits.stateless:
+        if op.traits.stateless or type(op).process_many is not Operator.process_many:
             try:
                 records = op.process_many(live, lane)
             except ZephonError:  # already typed and located

@@ -62,13 +62,19 @@ class LaneTracker:
         i = bisect_right(self.boundaries, boundary)
         return i > 0 and self.boundaries[i - 1] == boundary
 
-    def close(self, contributors: list[Contributor]) -> None:
-        """Children that were delivered or tombstoned."""
+    def close(self, contributors: list[Contributor], tokens: list[int] | None = None) -> None:
+        """Children that were delivered (counting their tokens into ``tokens``) or tombstoned."""
         if not self.epoch_based:
+            if tokens is not None:
+                for c in contributors:
+                    tokens[c[4]] += c[5] or 1
             return
         progress = self.progress
-        for chunk_id, offset, child, is_last, _, _ in contributors:
-            p = progress.get(chunk_id)
+        get = progress.get
+        for chunk_id, offset, child, is_last, component, n_tokens in contributors:
+            if tokens is not None:
+                tokens[component] += n_tokens or 1
+            p = get(chunk_id)
             if p is None:
                 continue
             if child == 0 and is_last:  # the common whole-sample case, inlined
@@ -81,17 +87,14 @@ class LaneTracker:
 
     def deliver(self, contributors: list[Contributor], cursor: SampleCursor) -> Delivery:
         """Account one output and return the lane state right after it."""
-        tokens = self.tokens
-        for c in contributors:
-            tokens[c[4]] += c[5] or 1
-        self.close(contributors)
+        self.close(contributors, self.tokens)
         self.cursor = cursor
         self.delivered += 1
         if self.epoch_based:
             self._evict_epochs()
         elif cursor.chunk_id > self.floor:
             self.floor = cursor.chunk_id
-        return Delivery(self.floor, cursor, self.delivered, False, tuple(tokens))
+        return Delivery(self.floor, cursor, self.delivered, False, tuple(self.tokens))
 
     def finish(self, next_chunk_id: int) -> Delivery:
         """End of stream: everything was delivered or dropped."""
