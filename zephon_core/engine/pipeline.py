@@ -15,6 +15,7 @@ from typing import Any
 from ..checkpoint import codec
 from ..checkpoint.fingerprint import config_diff
 from ..checkpoint.state import PipelineState
+from ..distributed.topology import Topology, detect, validate
 from ..errors import ConfigError, IncompatibleCheckpoint
 from ..ops import (
     BatchOp,
@@ -30,6 +31,7 @@ from ..ops import (
 from ..sources.base import SourceSpec
 from .compile import Plan, compile_plan
 from .run import PipelineRun, check_progress
+from .torch_data import ZephonDataLoader, ZephonIterableDataset
 
 
 class Pipeline:
@@ -56,11 +58,20 @@ class Pipeline:
             thread, everything runs on the consumer's thread).
         queue_size: microbatches in flight per lane in a threads stage.
         checkpointing: False disables tracking (for measuring its overhead).
+        aggregate_dir: shared directory or fsspec URL through which ranks merge their
+            lane states in ``checkpoint()`` (several ranks only).
+        aggregate_store: ``"torch://"`` (the default process group's store, e.g.
+            torchrun's TCPStore) or a ``torch.distributed.Store``; used instead of
+            ``aggregate_dir``. With neither, ``"torch://"`` is used when
+            torch.distributed is initialized.
+        aggregate_timeout_s: one time budget for a whole aggregation round.
     """
 
     def __init__(self, source: SourceSpec, canonical_replicas: int = 1,
                  flush_every_k_chunks: int | None = None, seed: int = 0, *,
-                 prefetch: int = 3, queue_size: int = 2, checkpointing: bool = True):
+                 prefetch: int = 3, queue_size: int = 2, checkpointing: bool = True,
+                 aggregate_dir: str | os.PathLike | None = None,
+                 aggregate_store: Any = None, aggregate_timeout_s: float = 300.0):
         for attr in ("open_lane", "read", "describe", "component_names", "weights"):
             if not hasattr(source, attr):
                 raise ConfigError(f"source {type(source).__name__} lacks {attr!r}; pass a "
@@ -82,9 +93,19 @@ class Pipeline:
         self.prefetch = prefetch
         self.queue_size = queue_size
         self.checkpointing = checkpointing
+        if aggregate_dir is not None and aggregate_store is not None:
+            raise ConfigError("pass aggregate_dir or aggregate_store, not both")
+        if not (isinstance(aggregate_timeout_s, (int, float)) and aggregate_timeout_s > 0):
+            raise ConfigError(f"aggregate_timeout_s={aggregate_timeout_s!r} must be > 0")
+        self.aggregate_dir = os.fspath(aggregate_dir) if aggregate_dir is not None else None
+        self.aggregate_store = aggregate_store
+        self.aggregate_timeout_s = float(aggregate_timeout_s)
+        self._bind: dict[str, int] = {}
         self._ops: tuple[Operator, ...] = ()
         self._plan: Plan | None = None
         self._run: PipelineRun | None = None
+        self._loader: ZephonDataLoader | None = None
+        self._aggregator: Any = None
         self._restore: PipelineState | None = None
 
     # -- building -------------------------------------------------------------------
@@ -92,10 +113,35 @@ class Pipeline:
         """A new pipeline with ``op`` appended (custom operators go through here)."""
         if not isinstance(op, Operator):
             raise ConfigError(f"then({op!r}): expected a zephon_core.Operator instance")
-        new = copy.copy(self)
+        new = self.description()
         new._ops = self._ops + (op,)
-        new._plan = new._run = new._restore = None
         return new
+
+    def description(self) -> Pipeline:
+        """A copy holding only the description (no run, no pending restore)."""
+        new = copy.copy(self)
+        new._plan = new._run = new._restore = new._loader = new._aggregator = None
+        return new
+
+    def bind(self, *, rank: int | None = None, world_size: int | None = None,
+             dp_rank: int | None = None, dp_size: int | None = None) -> Pipeline:
+        """Override the topology taken from torch.distributed (model-parallel peers share a
+        ``dp_rank`` and get identical data). Call before iterating."""
+        if self._run is not None or self._loader is not None:
+            raise ConfigError("bind() must be called before the pipeline is iterated")
+        self._bind = {k: v for k, v in dict(rank=rank, world_size=world_size, dp_rank=dp_rank,
+                                            dp_size=dp_size).items() if v is not None}
+        if "rank" in self._bind and "dp_rank" not in self._bind and "dp_size" not in self._bind:
+            self._bind.update(dp_rank=self._bind["rank"],
+                              dp_size=self._bind.get("world_size", 1))
+        self.topology()  # validate now
+        return self
+
+    def topology(self) -> Topology:
+        """Where this process sits (torch.distributed defaults + ``bind()`` overrides)."""
+        topo = detect(**self._bind)
+        validate(self.canonical_replicas, topo.dp_size, 0)
+        return topo
 
     def fetch(self, parallelism: int = 1) -> Pipeline:
         return self.then(FetchOp(parallelism))
@@ -141,13 +187,38 @@ class Pipeline:
 
     # -- running --------------------------------------------------------------------
     def _get_run(self) -> PipelineRun:
+        if self._loader is not None:
+            raise ConfigError("this pipeline is consumed through pipe.dataloader(); iterate "
+                              "the loader, not the pipeline")
         if self._run is None:
             plan = self.compile()
-            self._run = PipelineRun(plan, self._restore)
+            topo = self.topology()
+            self._run = PipelineRun(plan, self._restore, Topology(
+                topo.rank, topo.world_size, topo.dp_rank, topo.dp_size))
         return self._run
 
     def __iter__(self) -> Iterator[Any]:
         return self._get_run()
+
+    def torch_dataset(self) -> ZephonIterableDataset:
+        """A torch IterableDataset yielding ``(batch, LaneDelta)``; prefer ``dataloader()``."""
+        topo = self.topology()
+        return ZephonIterableDataset(self, Topology(topo.rank, topo.world_size, topo.dp_rank,
+                                                    topo.dp_size), self._restore)
+
+    def dataloader(self, num_workers: int = 0, pin_memory: bool = False,
+                   **kwargs: Any) -> ZephonDataLoader:
+        """A ready DataLoader serving this rank's lanes; ``checkpoint()`` then follows the
+        batches it handed out. ``(canonical_replicas / dp_size) % num_workers`` must be 0."""
+        if self._run is not None:
+            raise ConfigError("this pipeline is already being iterated directly; build the "
+                              "dataloader before iterating")
+        topo = self.topology()
+        self._loader = ZephonDataLoader(self, Topology(topo.rank, topo.world_size,
+                                                       topo.dp_rank, topo.dp_size),
+                                        self._restore, num_workers=num_workers,
+                                        pin_memory=pin_memory, **kwargs)
+        return self._loader
 
     def stats(self) -> dict[str, Any]:
         return self._get_run().stats()
@@ -155,6 +226,9 @@ class Pipeline:
     def close(self) -> None:
         if self._run is not None:
             self._run.close()
+        if self._aggregator is not None:
+            self._aggregator.close()
+            self._aggregator = None
 
     def __enter__(self) -> Pipeline:
         return self
@@ -170,7 +244,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_plan"] = state["_run"] = None
+        state["_plan"] = state["_run"] = state["_loader"] = state["_aggregator"] = None
         return state
 
     # -- checkpointing ------------------------------------------------------------------
@@ -179,9 +253,25 @@ class Pipeline:
         if not self.checkpointing:
             raise ConfigError("this pipeline was built with checkpointing=False; build it "
                               "with checkpointing=True to take checkpoints")
-        return self._get_run().snapshot().to_dict()
+        if self._loader is not None:
+            local = self._loader.consumer.snapshot()
+        else:
+            local = self._get_run().snapshot()
+        if len(local.lanes) == self.canonical_replicas and self.topology().world_size == 1:
+            return local.to_dict()
+        return self._aggregate(local)
 
     state_dict = checkpoint
+
+    def _aggregate(self, local: PipelineState) -> dict[str, Any]:
+        from ..distributed.aggregate import Aggregator
+
+        if self._aggregator is None:
+            self._aggregator = Aggregator.create(self.topology(), self.aggregate_dir,
+                                                 self.aggregate_store,
+                                                 self.aggregate_timeout_s,
+                                                 self.canonical_replicas)
+        return self._aggregator.round(local).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state``; iteration then continues exactly where it was taken."""
@@ -198,7 +288,7 @@ class Pipeline:
         check_progress(parsed, self.canonical_replicas)
         if self._run is not None:
             self._run.close()
-        self._run = None
+        self._run = self._loader = None
         self._plan = None  # fresh operator state for the new run
         self._restore = parsed
 
@@ -219,4 +309,5 @@ class Pipeline:
 
     @property
     def chunks_replayed(self) -> int:
+        """Restored inflight chunks replayed by this process's lanes."""
         return self._get_run().chunks_replayed

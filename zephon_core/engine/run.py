@@ -1,9 +1,9 @@
 """A running pipeline: lane streams, the pump, and the consumer's view of progress.
 
-The consumer takes outputs round-robin over its lanes; after each one it
-adopts the state that travelled with it and trims that lane's ledger. A
-checkpoint is therefore defined by delivered outputs, however far the pump
-ran ahead.
+The consumer takes outputs round-robin over the lanes this process owns (see
+``distributed/topology.py``); after each one it adopts the state that
+travelled with it and trims that lane's ledger. A checkpoint is therefore
+defined by delivered outputs, however far the pump ran ahead.
 """
 
 from __future__ import annotations
@@ -13,20 +13,27 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..checkpoint.state import LaneState, PipelineState
+from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import IncompatibleCheckpoint
 from ..tracking.eviction import Delivery
+from ..tracking.mirror import LaneDelta
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
-from .lanes import lane_of, turns_of_lane
+from .lanes import turns_of_lane
 from .pump import Pump
 
 
 class PipelineRun:
-    def __init__(self, plan: Plan, restored: PipelineState | None):
+    """Serves this process's lanes; ``turn`` counts the outputs (and exhausted-lane skips)."""
+
+    def __init__(self, plan: Plan, restored: PipelineState | None, topology: Topology):
         self.plan = plan
-        n = plan.num_lanes
-        self.order = list(range(n))
-        self.position = restored.position if restored is not None else 0
+        self.topology = topology
+        validate(plan.num_lanes, topology.dp_size, topology.num_workers)
+        self.start = restored.position if restored is not None else 0
+        lanes = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
+        self.order = worker_lanes(lanes, topology.num_workers, topology.worker_id)
+        self.turn = 0
         cap = max((st.cap for st in plan.stages if st.runner == "threads"), default=0)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-stage") if cap else None
         self.streams = {lane: LaneStream(plan, lane,
@@ -34,18 +41,20 @@ class PipelineRun:
                         for lane in self.order}
         self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in
                                                self.streams.items()}
+        self.shipped: dict[int, int] = {}  # lane -> next chunk id already sent as a delta
         self.pump: Pump | None = None
         self.closed = False
         self.chunks_replayed = sum(s.chunks_replayed for s in self.streams.values())
         self.started_at: float | None = None
         self.outputs_taken = 0
+        self.last_lane: int | None = None
 
     # -- consuming ----------------------------------------------------------------
     def _take(self, lane: int) -> Output:
         if self.plan.prefetch > 0:
             if self.pump is None:
                 self.pump = Pump(self.streams, self.order, self.plan.prefetch,
-                                 lambda: self.position)
+                                 lambda: self.turn)
             return self.pump.take(lane)
         return next(self.streams[lane].outputs)
 
@@ -59,12 +68,12 @@ class PipelineRun:
             self.started_at = time.perf_counter()
         n = len(self.order)
         while not all(d.exhausted for d in self.delivered.values()):
-            lane = self.order[lane_of(self.position, n)]
+            lane = self.order[self.turn % n]
             if self.delivered[lane].exhausted:
-                self.position += 1
+                self.turn += 1
                 continue
             out = self._take(lane)
-            self.position += 1
+            self.turn += 1
             if out.state is not None:
                 self.delivered[lane] = out.state
                 self.streams[lane].ledger.trim(out.state.floor)
@@ -74,20 +83,40 @@ class PipelineRun:
             if out.payload is END_OF_LANE:
                 continue
             self.outputs_taken += 1
+            self.last_lane = lane
             return out.payload
         raise StopIteration
 
     # -- checkpoint -----------------------------------------------------------------
+    def lane_state(self, lane: int) -> LaneState:
+        d = self.delivered[lane]
+        chunks, bounds, source_state, next_id = self.streams[lane].ledger.snapshot(d.floor)
+        return LaneState(lane=lane, floor=d.floor, next_chunk=max(next_id, d.floor),
+                         chunks=chunks, boundaries=bounds, source=source_state,
+                         cursor=d.cursor, delivered=d.delivered, exhausted=d.exhausted,
+                         tokens=list(d.tokens))
+
+    def lane_states(self) -> dict[int, LaneState]:
+        return {lane: self.lane_state(lane) for lane in self.order}
+
+    def position(self) -> int:
+        """Global position reached by every rank (ranks advance in lockstep)."""
+        return self.start + self.turn * self.topology.dp_size
+
     def snapshot(self) -> PipelineState:
-        lanes = {}
-        for lane, stream in self.streams.items():
-            d = self.delivered[lane]
-            chunks, bounds, source_state, next_id = stream.ledger.snapshot(d.floor)
-            lanes[lane] = LaneState(lane=lane, floor=d.floor, next_chunk=max(next_id, d.floor),
-                                    chunks=chunks, boundaries=bounds, source=source_state,
-                                    cursor=d.cursor, delivered=d.delivered,
-                                    exhausted=d.exhausted, tokens=list(d.tokens))
-        return PipelineState(self.plan.fingerprint, self.plan.config, self.position, lanes)
+        """This process's lanes at the global position it reached."""
+        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(),
+                             self.lane_states())
+
+    def delta(self, lane: int) -> LaneDelta:
+        """What a consumer in another process needs to mirror ``lane`` after its last output."""
+        d = self.delivered[lane]
+        since = max(self.shipped.get(lane, d.floor), d.floor)
+        chunks, bounds, source_state, next_id = self.streams[lane].ledger.snapshot(d.floor,
+                                                                                  since)
+        self.shipped[lane] = max(next_id, since)
+        return LaneDelta(lane=lane, state=d, new_chunks=tuple(chunks), boundaries=tuple(bounds),
+                         source=source_state, next_chunk=max(next_id, d.floor))
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
@@ -101,7 +130,8 @@ class PipelineRun:
         return {
             "outputs": self.outputs_taken,
             "outputs_per_s": self.outputs_taken / elapsed if elapsed > 0 else 0.0,
-            "position": self.position,
+            "position": self.position(),
+            "lanes": list(self.order),
             "inflight_chunks": {lane: len(s.ledger) for lane, s in self.streams.items()},
             "queue_depths": self.pump.queued() if self.pump else {},
             "chunks_replayed": self.chunks_replayed,

@@ -50,10 +50,14 @@ class LaneLedger:
             while bounds and bounds[0] <= floor:
                 bounds.pop(0)
 
-    def snapshot(self, floor: int) -> tuple[list[WorkChunk], list[int], dict[str, Any], int]:
-        """(inflight chunks, boundaries incl. the trailing one, source state, next chunk id)."""
+    def snapshot(self, floor: int, since: int | None = None
+                 ) -> tuple[list[WorkChunk], list[int], dict[str, Any], int]:
+        """(inflight chunks, boundaries incl. the trailing one, source state, next chunk id).
+
+        With ``since``, only chunks from that id on (for deltas)."""
+        first = floor if since is None else max(floor, since)
         with self._lock:
-            chunks = [c for c in self._chunks if c.chunk_id >= floor]
+            chunks = [c for c in self._chunks if c.chunk_id >= first]
             bounds = [b for b in self._boundaries if b > floor]
             return chunks, bounds, self._source_state, self.next_chunk_id
 

@@ -1,0 +1,1 @@
+"""Topology, lane assignment and multi-rank checkpoint aggregation."""

@@ -1,0 +1,76 @@
+"""Merging the lane states reported by every rank into one checkpoint.
+
+The leader validates before it merges, and raises rather than guessing:
+every report must come from the same pipeline (fingerprint) and the same
+global position (ranks checkpointed at the same step), must hold exactly the
+lanes its data-parallel rank owns at that position, peers of one DP group
+(model-parallel ranks) must report identical lane states, and together the
+reports must cover every canonical lane.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checkpoint.state import PipelineState
+from ..errors import IncompatibleCheckpoint, TopologyError
+
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: int
+    dp_rank: int
+    dp_size: int
+    state: PipelineState
+
+
+def expected_lanes(num_lanes: int, dp_size: int, dp_rank: int, position: int) -> set[int]:
+    """The lanes ``dp_rank`` owns at global position ``position`` (g0 == position mod D)."""
+    return {lane for lane in range(num_lanes) if (lane - position) % dp_size == dp_rank}
+
+
+def check_report(report: RankReport, num_lanes: int) -> None:
+    """A report must hold exactly its DP rank's lanes (raises on a mapping mismatch)."""
+    st = report.state
+    want = expected_lanes(num_lanes, report.dp_size, report.dp_rank, st.position)
+    got = set(st.lanes)
+    if got != want:
+        raise TopologyError(
+            f"rank {report.rank} (dp_rank {report.dp_rank} of {report.dp_size}) reported lanes "
+            f"{sorted(got)} at position {st.position}, but its lane mapping gives "
+            f"{sorted(want)}; all ranks must use the same canonical_replicas and dp layout")
+
+
+def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
+    if not reports:
+        raise IncompatibleCheckpoint("no rank reported a state")
+    first = reports[0].state
+    for r in reports[1:]:
+        if r.state.fingerprint != first.fingerprint:
+            raise IncompatibleCheckpoint(
+                f"rank {r.rank} runs a differently configured pipeline than rank "
+                f"{reports[0].rank} (fingerprints {r.state.fingerprint} vs {first.fingerprint})")
+    positions = {r.rank: r.state.position for r in reports}
+    if len(set(positions.values())) > 1:
+        raise IncompatibleCheckpoint(
+            "ranks checkpointed at different steps (global positions "
+            + ", ".join(f"rank {k}: {v}" for k, v in sorted(positions.items()))
+            + "); call checkpoint() on every rank at the same step")
+    lanes = {}
+    owner: dict[int, int] = {}
+    for r in reports:
+        check_report(r, num_lanes)
+        for lane, ls in r.state.lanes.items():
+            if lane in lanes:
+                if lanes[lane].to_dict() != ls.to_dict():
+                    raise IncompatibleCheckpoint(
+                        f"model-parallel peers disagree on lane {lane}: rank {owner[lane]} and "
+                        f"rank {r.rank} share a data-parallel rank but reported different "
+                        "states; peers must consume identical data (check bind(dp_rank=...))")
+            else:
+                lanes[lane] = ls
+                owner[lane] = r.rank
+    missing = sorted(set(range(num_lanes)) - set(lanes))
+    if missing:
+        raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")
+    return PipelineState(first.fingerprint, first.config, first.position, lanes)

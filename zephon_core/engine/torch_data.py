@@ -1,0 +1,128 @@
+"""PyTorch DataLoader integration: worker states travel with their batches.
+
+``pipe.torch_dataset()`` is a torch ``IterableDataset``; in each DataLoader
+worker it serves that worker's share of this rank's lanes and yields
+``(batch, LaneDelta)`` pairs. :class:`ZephonDataLoader` unwraps them: it
+applies the delta of each batch it hands to the training loop to a per-lane
+mirror, so its state is the one right after the last batch the consumer
+took -- prefetched-but-unconsumed batches are simply produced again after a
+resume. The DataLoader's strict worker round-robin reproduces the rank's lane
+round-robin because worker ``w`` owns every ``W``-th lane of the rank's list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ..checkpoint.state import LaneState, PipelineState
+from ..distributed.topology import Topology, rank_lanes, validate
+from ..errors import ConfigError
+from ..tracking.mirror import LaneDelta, LaneMirror
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+
+class ZephonIterableDataset(IterableDataset):
+    """Yields ``(batch, LaneDelta)``; use :class:`ZephonDataLoader` to consume it."""
+
+    def __init__(self, pipeline: Pipeline, topology: Topology,
+                 restore: PipelineState | None):
+        self.pipeline = pipeline.description()
+        self.topology = topology
+        self.restore = restore
+
+    def __iter__(self) -> Iterator[tuple[Any, LaneDelta]]:
+        from .run import PipelineRun
+
+        info = get_worker_info()
+        topo = self.topology
+        if info is not None:
+            topo = Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size,
+                            info.id, info.num_workers)
+        run = PipelineRun(self.pipeline.compile(), self.restore, topo)
+        try:
+            for payload in run:
+                yield payload, run.delta(run.last_lane)
+        finally:
+            try:
+                run.close()
+            except Exception:  # noqa: BLE001 - interpreter shutdown may tear modules down first
+                pass
+
+
+class RankConsumer:
+    """The training process's view of its rank's lanes (mirrors fed by deltas)."""
+
+    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None):
+        plan = pipeline.compile()
+        self.plan = plan
+        self.topology = topology
+        self.start = restore.position if restore is not None else 0
+        self.steps = 0
+        self.mirrors: dict[int, LaneMirror] = {}
+        for lane in rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start):
+            if restore is not None:
+                initial = restore.lanes[lane]
+            else:
+                src = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
+                initial = LaneState(lane=lane, source=src.state_dict(),
+                                    tokens=[0] * len(plan.source.component_names))
+            self.mirrors[lane] = LaneMirror(initial)
+
+    def apply(self, delta: LaneDelta) -> None:
+        self.mirrors[delta.lane].apply(delta)
+        self.steps += 1
+
+    def position(self) -> int:
+        return self.start + self.steps * self.topology.dp_size
+
+    def snapshot(self) -> PipelineState:
+        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(),
+                             {lane: m.state() for lane, m in self.mirrors.items()})
+
+
+class ZephonDataLoader(DataLoader):
+    """A DataLoader over a Zephon pipeline whose state follows consumed batches.
+
+    Example::
+
+        loader = pipe.dataloader(num_workers=2, pin_memory=True)
+        for step, batch in enumerate(loader): ...
+        state = pipe.checkpoint()       # the state right after the last batch taken
+    """
+
+    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
+                 num_workers: int = 0, **kwargs: Any):
+        for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn",
+                    "drop_last"):
+            if kwargs.get(bad) not in (None, False):
+                raise ConfigError(f"dataloader({bad}=...): batching, shuffling and collation "
+                                  "happen inside the Zephon pipeline; remove this argument")
+            kwargs.pop(bad, None)
+        if kwargs.get("persistent_workers"):
+            raise ConfigError("persistent_workers=True is not supported: a re-created "
+                              "iterator must restart workers from the consumed state")
+        validate(pipeline.canonical_replicas, topology.dp_size, num_workers)
+        self.consumer = RankConsumer(pipeline, topology, restore)
+        self._zephon_topology = topology
+        dataset = ZephonIterableDataset(pipeline, topology, restore)
+        super().__init__(dataset, batch_size=None, num_workers=num_workers,
+                         collate_fn=_identity, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        # a new iterator restarts workers from exactly what was consumed so far
+        self.dataset.restore = (self.consumer.snapshot() if self.consumer.steps
+                                else self.dataset.restore)
+        self.consumer = RankConsumer(self.dataset.pipeline, self._zephon_topology,
+                                     self.dataset.restore)
+        for payload, delta in super().__iter__():
+            self.consumer.apply(delta)
+            yield payload
+
+
+def _identity(x: Any) -> Any:
+    return x
