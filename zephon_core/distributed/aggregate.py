@@ -150,7 +150,10 @@ class Aggregator:
 
 
 def _decode_report(data: bytes) -> RankReport:
-    d = codec.decode(data)
+    return report_from_dict(codec.decode(data))
+
+
+def report_from_dict(d: dict) -> RankReport:
     try:
         return RankReport(int(d["rank"]), int(d["dp_rank"]), int(d["dp_size"]),
                           PipelineState.from_dict(d["state"]))

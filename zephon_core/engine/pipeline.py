@@ -253,15 +253,28 @@ class Pipeline:
         if not self.checkpointing:
             raise ConfigError("this pipeline was built with checkpointing=False; build it "
                               "with checkpointing=True to take checkpoints")
-        if self._loader is not None:
-            local = self._loader.consumer.snapshot()
-        else:
-            local = self._get_run().snapshot()
+        local = self._local_state()
         if len(local.lanes) == self.canonical_replicas and self.topology().world_size == 1:
             return local.to_dict()
         return self._aggregate(local)
 
     state_dict = checkpoint
+
+    def _local_state(self) -> PipelineState:
+        if not self.checkpointing:
+            raise ConfigError("this pipeline was built with checkpointing=False; build it "
+                              "with checkpointing=True to take checkpoints")
+        if self._loader is not None:
+            return self._loader.consumer.snapshot()
+        return self._get_run().snapshot()
+
+    def local_checkpoint(self) -> dict[str, Any]:
+        """This rank's lanes only, without an aggregation round: the report a rank sends.
+        Merge the reports of all ranks with ``zephon_core.distributed.merge_local_checkpoints``
+        (what the aggregation leader does)."""
+        topo = self.topology()
+        return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
+                "state": self._local_state().to_dict()}
 
     def _aggregate(self, local: PipelineState) -> dict[str, Any]:
         from ..distributed.aggregate import Aggregator
