@@ -87,8 +87,55 @@ def reseed_globals(salt: int) -> None:
     torch.manual_seed(0xBAD5EED ^ salt)
 
 
+class _Consumer:
+    """Consumes a pipeline as ``dp_size`` ranks with ``num_workers`` DataLoader workers each,
+    all inside this process, and yields the global stream (rank outputs interleaved)."""
+
+    def __init__(self, build_fn: Callable[[], Any], dp_size: int, num_workers: int,
+                 state: dict | None = None):
+        self.single = dp_size == 1 and num_workers == 0
+        self.num_workers = num_workers
+        self.pipes = [build_fn() if dp_size == 1 else build_fn().bind(rank=r, world_size=dp_size)
+                      for r in range(dp_size)]
+        if state is not None:
+            for p in self.pipes:
+                p.load_state_dict(state)
+        self.its = [iter(p.dataloader(num_workers=num_workers)) if num_workers else iter(p)
+                    for p in self.pipes]
+
+    def take(self, n: int) -> list[Any]:
+        out: list[Any] = []
+        while len(out) < n:
+            for it in self.its:
+                try:
+                    out.append(next(it))
+                except StopIteration:
+                    return out
+        return out
+
+    def checkpoint(self) -> dict:
+        if self.single:
+            return self.pipes[0].checkpoint()
+        from ..distributed import merge_local_checkpoints
+
+        return merge_local_checkpoints([p.local_checkpoint() for p in self.pipes],
+                                       self.pipes[0].canonical_replicas)
+
+    @property
+    def chunks_replayed(self) -> int:
+        """Chunks replayed on restore (-1: unknown, counted inside worker processes)."""
+        return sum(p.chunks_replayed for p in self.pipes) if not self.num_workers else -1
+
+    def close(self) -> None:
+        self.its = []
+        for p in self.pipes:
+            p.close()
+
+
 def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[int],
-                             total: int | None = None, *,
+                             total: int | None = None, *, num_workers: int = 0,
+                             dp_size: int = 1, resume_num_workers: int | None = None,
+                             resume_dp_size: int | None = None,
                              through_bytes: bool = True) -> ResumeReport:
     """Check that cutting at each of ``cut_points`` and resuming changes nothing.
 
@@ -104,7 +151,15 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         cut_points: numbers of outputs consumed before each checkpoint.
         total: outputs to compare per run (default: the largest cut + 50; fewer if
             the stream ends first).
+        num_workers: DataLoader workers per rank (real worker processes).
+        dp_size: data-parallel ranks, simulated in this process (``bind`` +
+            ``local_checkpoint`` + ``merge_local_checkpoints``); cut points must then
+            be multiples of ``dp_size``.
+        resume_num_workers / resume_dp_size: the topology to resume in (default: the same).
         through_bytes: round-trip each state through the msgpack+zstd codec.
+
+    The reference is always a plain single-process run, so every topology must
+    produce the same global stream.
 
     Returns:
         A :class:`ResumeReport` with chunks replayed and checkpoint sizes per cut.
@@ -118,11 +173,16 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
     finally:
         ref_pipe.close()
     report = ResumeReport(total=len(reference))
+    rd = dp_size if resume_dp_size is None else resume_dp_size
+    rw = num_workers if resume_num_workers is None else resume_num_workers
     for cut in cut_points:
         cut = min(cut, len(reference))
-        first = build_fn()
+        if cut % dp_size or cut % rd:
+            raise ValueError(f"cut point {cut} is not a multiple of dp_size {dp_size}/{rd}: "
+                             "ranks checkpoint at the same step")
+        first = _Consumer(build_fn, dp_size, num_workers)
         try:
-            head = take(first, cut)
+            head = first.take(cut)
             state = first.checkpoint()
         finally:
             first.close()
@@ -131,15 +191,14 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         if through_bytes:
             state = codec.decode(data)
         reseed_globals(cut)
-        second = build_fn()
+        second = _Consumer(build_fn, rd, rw, state)
         try:
-            second.load_state_dict(state)
             again = second.checkpoint()
             d = first_difference(state, again)
             if d is not None:
                 raise ResumeMismatch(f"cut {cut}: restored pipeline reports a different state "
                                      f"than it was given: {d}")
-            tail = take(second, len(reference) - cut)
+            tail = second.take(len(reference) - cut)
             replayed = second.chunks_replayed
         finally:
             second.close()
