@@ -27,10 +27,10 @@ def bar_pipeline(checkpointing: bool = True, lanes: int = 1, prefetch: int = 3) 
 
 
 def reference_pipeline(checkpointing: bool = True, lanes: int = 4, prefetch: int = 3,
-                       parallelism: int = 2) -> Pipeline:
+                       parallelism: int = 2, **kwargs) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
     return (Pipeline(mixture_source(), canonical_replicas=lanes, flush_every_k_chunks=4,
-                     seed=1234, prefetch=prefetch, checkpointing=checkpointing)
+                     seed=1234, prefetch=prefetch, checkpointing=checkpointing, **kwargs)
             .fetch(parallelism=parallelism)
             .map(corpora.byte_tokens, parallelism=parallelism, name="tokenize")
             .split(max_len=512)
