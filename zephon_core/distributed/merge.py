@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint.state import PipelineState
+from ..checkpoint.state import LaneState, PipelineState
 from ..errors import IncompatibleCheckpoint, TopologyError
 
 
@@ -41,6 +41,25 @@ def check_report(report: RankReport, num_lanes: int) -> None:
             f"{sorted(want)}; all ranks must use the same canonical_replicas and dp layout")
 
 
+def peer_difference(a: LaneState, b: LaneState) -> str | None:
+    """How two peers' states of one lane disagree, ignoring how far each pump ran ahead.
+
+    What follows from delivered outputs must be equal; chunks both peers fetched must be
+    identical. Chunks, boundaries and source state beyond that only show that one peer's
+    pump fetched more, and either state restores the same stream.
+    """
+    for f in ("floor", "cursor", "delivered", "exhausted", "tokens"):
+        if getattr(a, f) != getattr(b, f):
+            return f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}"
+    common = min(a.next_chunk, b.next_chunk)
+    if [c for c in a.chunks if c.chunk_id < common] != \
+            [c for c in b.chunks if c.chunk_id < common]:
+        return "the chunks both fetched differ"
+    if [x for x in a.boundaries if x <= common] != [x for x in b.boundaries if x <= common]:
+        return "epoch boundaries differ"
+    return None
+
+
 def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
     if not reports:
         raise IncompatibleCheckpoint("no rank reported a state")
@@ -56,20 +75,22 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
             "ranks checkpointed at different steps (global positions "
             + ", ".join(f"rank {k}: {v}" for k, v in sorted(positions.items()))
             + "); call checkpoint() on every rank at the same step")
-    lanes = {}
+    lanes: dict[int, LaneState] = {}
     owner: dict[int, int] = {}
     for r in reports:
         check_report(r, num_lanes)
         for lane, ls in r.state.lanes.items():
-            if lane in lanes:
-                if lanes[lane].to_dict() != ls.to_dict():
-                    raise IncompatibleCheckpoint(
-                        f"model-parallel peers disagree on lane {lane}: rank {owner[lane]} and "
-                        f"rank {r.rank} share a data-parallel rank but reported different "
-                        "states; peers must consume identical data (check bind(dp_rank=...))")
-            else:
-                lanes[lane] = ls
-                owner[lane] = r.rank
+            if lane not in lanes:
+                lanes[lane], owner[lane] = ls, r.rank
+                continue
+            diff = peer_difference(lanes[lane], ls)
+            if diff:
+                raise IncompatibleCheckpoint(
+                    f"model-parallel peers disagree on lane {lane} ({diff}): rank "
+                    f"{owner[lane]} and rank {r.rank} share a data-parallel rank but consumed "
+                    "different data; peers must see identical batches (check bind(dp_rank=...))")
+            if ls.next_chunk > lanes[lane].next_chunk:
+                lanes[lane], owner[lane] = ls, r.rank  # the peer whose pump fetched furthest
     missing = sorted(set(range(num_lanes)) - set(lanes))
     if missing:
         raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")

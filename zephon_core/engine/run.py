@@ -23,10 +23,21 @@ from .lanes import turns_of_lane
 from .pump import Pump
 
 
+class Skip:
+    """A turn that produced no output (its lane has ended); crosses process boundaries."""
+
+    def __reduce__(self) -> tuple:
+        return (Skip, ())
+
+
+SKIP = Skip()
+
+
 class PipelineRun:
     """Serves this process's lanes; ``turn`` counts the outputs (and exhausted-lane skips)."""
 
-    def __init__(self, plan: Plan, restored: PipelineState | None, topology: Topology):
+    def __init__(self, plan: Plan, restored: PipelineState | None, topology: Topology,
+                 emit_skips: bool = False):
         self.plan = plan
         self.topology = topology
         validate(plan.num_lanes, topology.dp_size, topology.num_workers)
@@ -48,6 +59,9 @@ class PipelineRun:
         self.started_at: float | None = None
         self.outputs_taken = 0
         self.last_lane: int | None = None
+        # A consumer in another process must see every turn, also those of ended lanes,
+        # so that the DataLoader's strict worker round-robin stays aligned.
+        self.emit_skips = emit_skips
 
     # -- consuming ----------------------------------------------------------------
     def _take(self, lane: int) -> Output:
@@ -71,6 +85,9 @@ class PipelineRun:
             lane = self.order[self.turn % n]
             if self.delivered[lane].exhausted:
                 self.turn += 1
+                if self.emit_skips:
+                    self.last_lane = lane
+                    return SKIP
                 continue
             out = self._take(lane)
             self.turn += 1
@@ -81,6 +98,9 @@ class PipelineRun:
                 d = self.delivered[lane]
                 self.delivered[lane] = d._replace(exhausted=True)
             if out.payload is END_OF_LANE:
+                if self.emit_skips:
+                    self.last_lane = lane
+                    return SKIP
                 continue
             self.outputs_taken += 1
             self.last_lane = lane

@@ -22,6 +22,7 @@ from ..checkpoint.state import LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError
 from ..tracking.mirror import LaneDelta, LaneMirror
+from .run import PipelineRun, Skip
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -37,14 +38,13 @@ class ZephonIterableDataset(IterableDataset):
         self.restore = restore
 
     def __iter__(self) -> Iterator[tuple[Any, LaneDelta]]:
-        from .run import PipelineRun
 
         info = get_worker_info()
         topo = self.topology
         if info is not None:
             topo = Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size,
                             info.id, info.num_workers)
-        run = PipelineRun(self.pipeline.compile(), self.restore, topo)
+        run = PipelineRun(self.pipeline.compile(), self.restore, topo, emit_skips=True)
         wire = _to_wire if info is not None else _same
         try:
             for payload in run:
@@ -124,7 +124,8 @@ class ZephonDataLoader(DataLoader):
         pin = self.pin_memory
         for payload, delta in super().__iter__():
             self.consumer.apply(delta)
-            yield _from_wire(payload, pin)
+            if not isinstance(payload, Skip):
+                yield _from_wire(payload, pin)
 
 
 def _identity(x: Any) -> Any:
