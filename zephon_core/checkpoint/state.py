@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.lanes import turns_of_lane
 from ..errors import CorruptCheckpoint, IncompatibleCheckpoint
 from ..records import SampleCursor
 from ..sources.chunk import WorkChunk
@@ -135,3 +136,21 @@ def _list(x: Any, what: str) -> list:
     if not isinstance(x, (list, tuple)):
         raise CorruptCheckpoint(f"{what} is {type(x).__name__}, expected a list")
     return list(x)
+
+
+def check_progress(state: PipelineState, n: int) -> None:
+    """Lane progress must be consistent with one global position."""
+    if sorted(state.lanes) != list(range(n)):
+        raise IncompatibleCheckpoint(f"checkpoint holds lanes {sorted(state.lanes)}, the "
+                                     f"pipeline has canonical_replicas={n}")
+    bad = []
+    for lane, ls in state.lanes.items():
+        turns = turns_of_lane(lane, state.position, n)
+        ok = ls.delivered <= turns if ls.exhausted else ls.delivered == turns
+        if not ok:
+            bad.append(f"lane {lane}: {ls.delivered} outputs delivered, position "
+                       f"{state.position} implies {turns}")
+    if bad:
+        raise IncompatibleCheckpoint(
+            "lane progress is inconsistent with a single global position (were lane states "
+            "from ranks that checkpointed at different steps merged?): " + "; ".join(bad))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint.state import LaneState, PipelineState
+from ..checkpoint.state import LaneState, PipelineState, check_progress
 from ..errors import IncompatibleCheckpoint, TopologyError
 
 
@@ -69,6 +69,11 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
             raise IncompatibleCheckpoint(
                 f"rank {r.rank} runs a differently configured pipeline than rank "
                 f"{reports[0].rank} (fingerprints {r.state.fingerprint} vs {first.fingerprint})")
+    layouts = {r.rank: r.dp_size for r in reports}
+    if len(set(layouts.values())) > 1:
+        raise TopologyError("ranks use different data-parallel layouts (dp_size "
+                            + ", ".join(f"rank {k}: {v}" for k, v in sorted(layouts.items()))
+                            + "); bind the same dp_size on every rank")
     positions = {r.rank: r.state.position for r in reports}
     if len(set(positions.values())) > 1:
         raise IncompatibleCheckpoint(
@@ -94,4 +99,6 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
     missing = sorted(set(range(num_lanes)) - set(lanes))
     if missing:
         raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")
-    return PipelineState(first.fingerprint, first.config, first.position, lanes)
+    merged = PipelineState(first.fingerprint, first.config, first.position, lanes)
+    check_progress(merged, num_lanes)
+    return merged

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..checkpoint import codec
 from ..checkpoint.fingerprint import config_diff
-from ..checkpoint.state import PipelineState
+from ..checkpoint.state import PipelineState, check_progress
 from ..distributed.topology import Topology, detect, validate
 from ..errors import ConfigError, IncompatibleCheckpoint
 from ..ops import (
@@ -30,7 +30,7 @@ from ..ops import (
 )
 from ..sources.base import SourceSpec
 from .compile import Plan, compile_plan
-from .run import PipelineRun, check_progress
+from .run import PipelineRun
 from .torch_data import ZephonDataLoader, ZephonIterableDataset
 
 

@@ -14,12 +14,10 @@ from typing import Any
 
 from ..checkpoint.state import LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
-from ..errors import IncompatibleCheckpoint
 from ..tracking.eviction import Delivery
 from ..tracking.mirror import LaneDelta
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
-from .lanes import turns_of_lane
 from .pump import Pump
 
 
@@ -170,21 +168,3 @@ class PipelineRun:
             self.pump.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def check_progress(state: PipelineState, n: int) -> None:
-    """Lane progress must be consistent with one global position."""
-    if sorted(state.lanes) != list(range(n)):
-        raise IncompatibleCheckpoint(f"checkpoint holds lanes {sorted(state.lanes)}, the "
-                                     f"pipeline has canonical_replicas={n}")
-    bad = []
-    for lane, ls in state.lanes.items():
-        turns = turns_of_lane(lane, state.position, n)
-        ok = ls.delivered <= turns if ls.exhausted else ls.delivered == turns
-        if not ok:
-            bad.append(f"lane {lane}: {ls.delivered} outputs delivered, position "
-                       f"{state.position} implies {turns}")
-    if bad:
-        raise IncompatibleCheckpoint(
-            "lane progress is inconsistent with a single global position (were lane states "
-            "from ranks that checkpointed at different steps merged?): " + "; ".join(bad))
