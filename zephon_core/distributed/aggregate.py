@@ -27,10 +27,11 @@ from ..checkpoint import codec
 from ..checkpoint.state import PipelineState
 from ..errors import CorruptCheckpoint, ZephonError
 from .merge import RankReport, check_report, expected_lanes, merge_reports
-from .storage import open_storage
+from .storage import MAX_BACKOFF_S, open_storage
 from .topology import Topology
 
 FAILED = b"ZEPHON-ROUND-FAILED\n"
+ROUND_SLICE_S = 1.0  # a follower re-reads the announcement at least this often
 
 
 class AggregationError(ZephonError, RuntimeError):
@@ -43,7 +44,9 @@ class Aggregator:
         self.storage = storage
         self.timeout_s = timeout_s
         self.num_lanes = num_lanes
-        self.previous: str | None = None  # leader: last round id whose merged marker remains
+        # leader: rounds whose merged result (or failure notice) is still stored, with the
+        # time a failure notice went out (None for a merged result)
+        self.markers: list[tuple[str, float | None]] = []
 
     @classmethod
     def create(cls, topology: Topology, directory: str | None, store, timeout_s: float,
@@ -57,10 +60,11 @@ class Aggregator:
                                "dp_size": self.topology.dp_size, "state": local.to_dict()})
         if self.topology.rank == 0:
             return self._lead(report, local, deadline)
-        return self._follow(report, deadline)
+        return self._follow(report, local.position, deadline)
 
     def _lead(self, report: bytes, local: PipelineState, deadline: float) -> PipelineState:
         s, world = self.storage, self.topology.world_size
+        # the id starts with the global position so followers join only their own step
         rid = f"{local.position}-{uuid.uuid4().hex[:12]}"
         s.put("announce", rid.encode())
         s.put(f"{rid}.state.0", report)
@@ -78,48 +82,85 @@ class Aggregator:
             s.delete("announce")  # close the round
             merged = merge_reports([reports[r] for r in sorted(reports)], self.num_lanes)
         except BaseException as e:
-            s.delete("announce")
+            # The notice goes out before anything else, and the announcement stays, so
+            # followers -- also late ones -- find it at once; the next round replaces it.
             s.put(f"{rid}.merged", FAILED + f"{type(e).__name__}: {e}".encode())
+            self.markers.append((rid, time.monotonic()))
             self._cleanup(rid, states=True, acks=False)
             raise
         s.put(f"{rid}.merged", codec.encode(merged.to_dict()))
+        self.markers.append((rid, None))
         s.delete(f"{rid}.state.0")
         missing = [r for r in range(1, world)
                    if s.wait(f"{rid}.ack.{r}", deadline) is None]
+        self._cleanup(rid, states=bool(missing), acks=True)
         if missing:
             raise AggregationError(
                 f"aggregation round {rid}: ranks {missing} did not acknowledge the merged "
                 f"state within aggregate_timeout_s={self.timeout_s}; the merged result stays "
-                "for them")
-        self._cleanup(rid, states=False, acks=True)
-        if self.previous is not None:
-            s.delete(f"{self.previous}.merged")
-        self.previous = rid
+                "for them until the next acknowledged round")
+        for old, _ in self.markers[:-1]:  # fully acknowledged: older markers can go
+            s.delete(f"{old}.merged")
+        self.markers = [(rid, None)]
         return merged
 
-    def _follow(self, report: bytes, deadline: float) -> PipelineState:
+    def _follow(self, report: bytes, position: int, deadline: float) -> PipelineState:
+        """Join the round the leader announced.
+
+        The announcement is re-read while waiting, so a new round (a restarted leader)
+        supersedes one whose leader died. A round that already concluded when this rank
+        arrives counts only if it failed at this rank's own step (a late follower gets the
+        notice at once); otherwise it is a leftover of an earlier step and is ignored.
+        """
         s, rank = self.storage, self.topology.rank
-        rid_b = s.wait("announce", deadline)
-        if rid_b is None:
+        rid: str | None = None
+        delay = 0.005
+        while True:
+            ann = s.get("announce")
+            current = ann.decode() if ann is not None else None
+            if current is not None and current != rid:
+                concluded = s.get(f"{current}.merged")
+                if concluded is None:
+                    if rid is not None:
+                        s.delete(f"{rid}.state.{rank}")
+                    rid = current
+                    s.put(f"{rid}.state.{rank}", report)
+                elif concluded.startswith(FAILED) and current.startswith(f"{position}-"):
+                    raise self._failed(current, concluded)
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if rid is None:
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                continue
+            data = s.wait(f"{rid}.merged", min(deadline, now + ROUND_SLICE_S))
+            if data is None:
+                continue
+            if data.startswith(FAILED):
+                newer = s.get("announce")
+                if newer is not None and newer.decode() != rid and \
+                        s.get(f"{newer.decode()}.merged") is None:
+                    continue  # a restarted leader opened a new round
+                s.delete(f"{rid}.state.{rank}")
+                raise self._failed(rid, data)
+            merged = PipelineState.from_dict(codec.decode(data))
+            s.delete(f"{rid}.state.{rank}")
+            s.put(f"{rid}.ack.{rank}", b"1")
+            return merged
+        if rid is None:
             raise AggregationError(
                 f"rank {rank}: the leader (rank 0) did not announce an aggregation round "
-                f"within aggregate_timeout_s={self.timeout_s}; is rank 0 calling checkpoint() "
-                "at the same step?")
-        rid = rid_b.decode()
-        s.put(f"{rid}.state.{rank}", report)
-        data = s.wait(f"{rid}.merged", deadline)
-        if data is None:
-            s.delete(f"{rid}.state.{rank}")
-            raise AggregationError(f"rank {rank}: no merged state for round {rid} within "
-                                   f"aggregate_timeout_s={self.timeout_s}")
-        if data.startswith(FAILED):
-            s.delete(f"{rid}.state.{rank}")
-            raise AggregationError(f"rank {rank}: the leader failed aggregation round {rid}: "
-                                   + data[len(FAILED):].decode(errors="replace"))
-        merged = PipelineState.from_dict(codec.decode(data))
+                f"within aggregate_timeout_s={self.timeout_s}; is rank 0 calling "
+                "checkpoint() at the same step?")
         s.delete(f"{rid}.state.{rank}")
-        s.put(f"{rid}.ack.{rank}", b"1")
-        return merged
+        raise AggregationError(f"rank {rank}: no merged state for round {rid} within "
+                               f"aggregate_timeout_s={self.timeout_s}")
+
+    def _failed(self, rid: str, notice: bytes) -> AggregationError:
+        return AggregationError(f"rank {self.topology.rank}: the leader failed aggregation "
+                                f"round {rid}: "
+                                + notice[len(FAILED):].decode(errors="replace"))
 
     # -- helpers --------------------------------------------------------------------
     def _missing_message(self, rid: str, missing: list[int], reports: dict) -> str:
@@ -143,10 +184,17 @@ class Aggregator:
                 self.storage.delete(f"{rid}.ack.{r}")
 
     def close(self) -> None:
-        """Shutdown: the leader removes the last round's merged marker."""
-        if self.topology.rank == 0 and self.previous is not None:
-            self.storage.delete(f"{self.previous}.merged")
-            self.previous = None
+        """Shutdown: the leader removes the merged markers it left. A failure notice stays
+        until its round's budget has passed, so followers still waiting get it."""
+        if self.topology.rank != 0:
+            return
+        now, keep = time.monotonic(), []
+        for rid, failed_at in self.markers:
+            if failed_at is not None and now - failed_at < self.timeout_s:
+                keep.append((rid, failed_at))
+            else:
+                self.storage.delete(f"{rid}.merged")
+        self.markers = keep
 
 
 def _decode_report(data: bytes) -> RankReport:

@@ -1,0 +1,302 @@
+"""Child-process side of tests/distributed/test_aggregation.py.
+
+Run as ``python agg_worker.py <spec.json>``. One process plays one rank: it
+builds the reference pipeline with the requested aggregation settings, takes
+outputs, calls ``checkpoint()`` once per round and writes everything it saw
+(outputs, merged states or the error, timings, the coordination directory
+as the leader saw it) to ``spec["out"]`` as a pickle. Faults are injected by
+name (``spec["faults"]``) with monkeypatches applied inside this process only.
+
+Synchronisation with the other ranks only goes through files in
+``spec["sync"]`` (barriers) -- never through sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _setup_path() -> None:
+    for p in (str(HERE.parent), str(HERE.parent.parent)):  # tests/ (helpers), repo root
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+_setup_path()
+
+
+def build(*, aggregate_dir=None, aggregate_store=None, aggregate_timeout_s: float = 300.0):
+    """The pipeline of ``helpers.reference_pipeline()`` with aggregation settings."""
+    from helpers import byte_tokenize, source
+
+    from zephon_core import Pipeline
+
+    return (Pipeline(source(8), canonical_replicas=4, flush_every_k_chunks=2, seed=11,
+                     prefetch=3, aggregate_dir=aggregate_dir, aggregate_store=aggregate_store,
+                     aggregate_timeout_s=aggregate_timeout_s)
+            .fetch(parallelism=2)
+            .map(byte_tokenize, parallelism=2, name="tokenize")
+            .split(max_len=128)
+            .pack(seq_len=128, bins=4)
+            .shuffle(buffer_size=16)
+            .ensure_mixture(window=8)
+            .batch(batch_size=4))
+
+
+# -- file synchronisation ------------------------------------------------------------
+class SyncTimeout(RuntimeError):
+    pass
+
+
+def wait_files(paths, deadline: float, what: str) -> None:
+    """Block until every path exists (polling the filesystem), or raise at ``deadline``."""
+    paths = [Path(p) for p in paths]
+    while True:
+        if all(p.exists() for p in paths):
+            return
+        if time.monotonic() > deadline:
+            missing = [str(p) for p in paths if not p.exists()]
+            raise SyncTimeout(f"{what}: still missing {missing}")
+        time.sleep(0.005)
+
+
+def touch(path) -> None:
+    tmp = Path(f"{path}.part{os.getpid()}")
+    tmp.write_bytes(b"1")
+    os.replace(tmp, path)
+
+
+def barrier(sync: Path, name: str, tag: str, tags, deadline: float) -> None:
+    touch(sync / f"{name}.{tag}")
+    wait_files([sync / f"{name}.{t}" for t in tags], deadline, f"barrier {name}")
+
+
+# -- faults ---------------------------------------------------------------------------
+def apply_faults(spec: dict, log: dict) -> None:
+    from zephon_core import Pipeline
+    from zephon_core.distributed import aggregate, storage
+
+    faults = spec.get("faults", [])
+    sync = Path(spec["sync"])
+
+    if "merge_raises" in faults:  # the leader fails after collecting, before publishing
+        def boom(*a, **k):
+            raise RuntimeError("injected merge failure in the leader")
+        aggregate.merge_reports = boom
+
+    if "kill_after_state_write" in faults:  # SIGKILL right after this rank's state is stored
+        for cls in (storage.DirStorage, storage.StoreStorage):
+            orig_put = cls.put
+
+            def put(self, key, value, _orig=orig_put):
+                _orig(self, key, value)
+                if ".state." in key:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            cls.put = put
+
+    if "signal_first_announce_poll" in faults:  # tell others once we looked for a round
+        orig_get = storage.DirStorage.get
+
+        def get(self, key, _orig=orig_get):
+            value = _orig(self, key)
+            if key == "announce" and not log.get("announce_polled"):
+                log["announce_polled"] = True
+                touch(sync / f"announce_polled.{spec['tag']}")
+            return value
+        storage.DirStorage.get = get
+
+    if "signal_announce_read" in faults:  # tell others once we know the round id
+        orig_get2 = storage.DirStorage.get
+
+        def get2(self, key, _orig=orig_get2):
+            value = _orig(self, key)
+            if key == "announce" and value is not None and not log.get("announce_read"):
+                log["announce_read"] = True
+                touch(sync / f"announce_read.{spec['tag']}")
+            return value
+        storage.DirStorage.get = get2
+
+    if "diverge_cursor" in faults:  # a model-parallel peer reports a different cursor
+        orig_local = Pipeline._local_state
+
+        def local_state(self, _orig=orig_local):
+            st = _orig(self)
+            lane = min(st.lanes)
+            c = st.lanes[lane].cursor
+            st.lanes[lane].cursor = c._replace(offset=c.offset + 1)
+            log["diverged_lane"] = lane
+            return st
+        Pipeline._local_state = local_state
+
+    if "drop_last_lane" in faults:  # a rank reports only part of its DP group's lanes
+        orig_local2 = Pipeline._local_state
+
+        def local_state2(self, _orig=orig_local2):
+            st = _orig(self)
+            dropped = max(st.lanes)
+            del st.lanes[dropped]
+            log["dropped_lane"] = dropped
+            return st
+        Pipeline._local_state = local_state2
+
+    # keys the storage saw written, so the leader can check a torch Store for leftovers
+    for cls in (storage.DirStorage, storage.StoreStorage):
+        orig = cls.put
+
+        def put_logged(self, key, value, _orig=orig):
+            log.setdefault("put_keys", []).append(key)
+            _orig(self, key, value)
+        cls.put = put_logged
+
+
+# -- storage inspection ---------------------------------------------------------------
+def _store(store):
+    if store is not None:
+        return store
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def _rids(log: dict) -> list[str]:
+    """Round ids this (leader) process announced."""
+    rids = []
+    for k in log.get("put_keys", []):
+        if k.endswith(".state.0"):
+            rids.append(k[:-len(".state.0")])
+    return rids
+
+
+def store_live_keys(store, rids, world: int) -> list[str]:
+    """Which protocol keys of the given rounds still exist in a torch Store."""
+    keys = ["announce"]
+    for rid in rids:
+        keys += [f"{rid}.merged"] + [f"{rid}.state.{r}" for r in range(world)]
+        keys += [f"{rid}.ack.{r}" for r in range(world)]
+    return [k for k in keys if store.check(["zephon/" + k])]
+
+
+def dir_snapshot(d) -> dict[str, bytes]:
+    """Every file of the coordination directory with its bytes (they are small)."""
+    snap = {}
+    if not os.path.isdir(d):  # nobody opened the storage yet
+        return snap
+    for name in sorted(os.listdir(d)):
+        try:
+            snap[name] = Path(d, name).read_bytes()
+        except FileNotFoundError:  # deleted meanwhile by another rank
+            pass
+    return snap
+
+
+# -- main -----------------------------------------------------------------------------
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    deadline = time.monotonic() + spec.get("deadline_s", 60)
+    sync = Path(spec["sync"])
+    out = Path(spec["out"])
+    rank, world = spec["rank"], spec["world"]
+    log: dict = {"tag": spec["tag"], "rank": rank, "rounds": [], "outputs": []}
+    pipe = None
+    store = None
+    try:
+        import torch.distributed as dist
+
+        from zephon_core import Pipeline
+
+        backend = spec["backend"]
+        kwargs = {"aggregate_timeout_s": spec["timeout"]}
+        if spec.get("init_pg"):
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}",
+                                    rank=rank, world_size=world)
+        if backend == "dir":
+            kwargs["aggregate_dir"] = spec["agg_dir"]
+        elif backend == "torch":
+            kwargs["aggregate_store"] = "torch://"
+        elif backend == "default":
+            pass  # no aggregate_* argument: "torch://" because torch.distributed is initialized
+        elif backend == "tcpstore":
+            import datetime
+
+            store = dist.TCPStore("127.0.0.1", spec["port"], world, rank == 0,
+                                  datetime.timedelta(seconds=30))
+            kwargs["aggregate_store"] = store
+        elif backend == "filestore":
+            store = dist.FileStore(spec["filestore"], world)
+            kwargs["aggregate_store"] = store
+        else:
+            raise ValueError(backend)
+
+        apply_faults(spec, log)
+        pipe = build(**kwargs)
+        if spec.get("bind"):
+            pipe.bind(**spec["bind"])
+        if spec.get("restore"):
+            pipe.load_state_dict(Pipeline.load(spec["restore"]))
+        it = iter(pipe)
+        for rnd in spec["rounds"]:
+            outs = [next(it) for _ in range(rnd["take"])]
+            log["outputs"].append(outs)
+            if rnd.get("declare"):  # from now on claim another place in the topology
+                from zephon_core.distributed import Topology
+
+                declared = Topology(**rnd["declare"])
+                Pipeline.topology = lambda self, _t=declared: _t
+            if rnd.get("barrier"):
+                barrier(sync, rnd["barrier"], spec["tag"], rnd["barrier_tags"], deadline)
+            if rnd.get("wait_files"):
+                wait_files([sync / f for f in rnd["wait_files"]], deadline, "wait_files")
+            entry: dict = {"called": not rnd.get("skip")}
+            if not rnd.get("skip"):
+                t0 = time.monotonic()
+                try:
+                    entry["state"] = pipe.checkpoint()
+                    entry["ok"] = True
+                except BaseException as e:  # noqa: BLE001 - reported to the test
+                    entry.update(ok=False, error_type=type(e).__name__,
+                                 error_mro=[c.__name__ for c in type(e).__mro__],
+                                 error=str(e), tb=traceback.format_exc())
+                entry["elapsed"] = time.monotonic() - t0
+                if backend == "dir":
+                    entry["dir_after"] = dir_snapshot(spec["agg_dir"])
+                elif rank == 0:
+                    entry["store_live"] = store_live_keys(_store(store), _rids(log), world)
+            log["rounds"].append(entry)
+            if rnd.get("signal_after"):
+                touch(sync / rnd["signal_after"])
+        pipe.close()
+        if backend == "dir":
+            log["dir_after_close"] = dir_snapshot(spec["agg_dir"])
+        elif rank == 0:
+            log["store_live_after_close"] = store_live_keys(_store(store), _rids(log), world)
+    except BaseException:  # noqa: BLE001
+        log["crash"] = traceback.format_exc()
+    finally:
+        tmp = out.with_suffix(".part")
+        with open(tmp, "wb") as f:
+            pickle.dump(log, f)
+        os.replace(tmp, out)
+    # keep a store server (rank 0) alive until every surviving rank is done with it
+    if spec.get("exit_tags"):
+        try:
+            barrier(sync, "exit", spec["tag"], spec["exit_tags"], deadline)
+        except SyncTimeout:
+            pass
+    if spec.get("init_pg"):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
