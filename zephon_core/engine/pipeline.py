@@ -248,33 +248,41 @@ class Pipeline:
         return state
 
     # -- checkpointing ------------------------------------------------------------------
-    def checkpoint(self) -> dict[str, Any]:
-        """The state of every lane as delivered to the consumer, as a plain dict."""
+    def checkpoint(self, served: int | None = None) -> dict[str, Any]:
+        """The state of every lane as delivered to the consumer, as a plain dict.
+
+        Args:
+            served: with ``dataloader()``, the state right after the first ``served``
+                batches the loader handed out (a trainer that reads one batch ahead passes
+                the number its training step consumed); default: all handed out.
+        """
         if not self.checkpointing:
             raise ConfigError("this pipeline was built with checkpointing=False; build it "
                               "with checkpointing=True to take checkpoints")
-        local = self._local_state()
+        local = self._local_state(served)
         if len(local.lanes) == self.canonical_replicas and self.topology().world_size == 1:
             return local.to_dict()
         return self._aggregate(local)
 
     state_dict = checkpoint
 
-    def _local_state(self) -> PipelineState:
+    def _local_state(self, served: int | None = None) -> PipelineState:
         if not self.checkpointing:
             raise ConfigError("this pipeline was built with checkpointing=False; build it "
                               "with checkpointing=True to take checkpoints")
         if self._loader is not None:
-            return self._loader.consumer.snapshot()
+            return self._loader.consumer.snapshot(served)
+        if served is not None:
+            raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
         return self._get_run().snapshot()
 
-    def local_checkpoint(self) -> dict[str, Any]:
+    def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """This rank's lanes only, without an aggregation round: the report a rank sends.
         Merge the reports of all ranks with ``zephon_core.distributed.merge_local_checkpoints``
         (what the aggregation leader does)."""
         topo = self.topology()
         return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
-                "state": self._local_state().to_dict()}
+                "state": self._local_state(served).to_dict()}
 
     def _aggregate(self, local: PipelineState) -> dict[str, Any]:
         from ..distributed.aggregate import Aggregator

@@ -12,6 +12,7 @@ round-robin because worker ``w`` owns every ``W``-th lane of the rank's list.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,15 +57,27 @@ class ZephonIterableDataset(IterableDataset):
                 pass
 
 
-class RankConsumer:
-    """The training process's view of its rank's lanes (mirrors fed by deltas)."""
+UNDO_DEPTH = 16  # batches a consumer can be behind the loader (Lightning's look-ahead is 1)
 
-    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None):
+
+class RankConsumer:
+    """The training process's view of its rank's lanes (mirrors fed by deltas).
+
+    It keeps the lane state from before each of the last ``UNDO_DEPTH`` batches, so
+    a trainer that reads ahead can still checkpoint the state right after the last
+    batch its training step consumed.
+    """
+
+    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
+                 served: int = 0):
         plan = pipeline.compile()
         self.plan = plan
         self.topology = topology
         self.start = restore.position if restore is not None else 0
         self.steps = 0
+        self.served = served  # batches handed out by the loader, across its iterators
+        # (lane, its state before, whether the turn handed out a batch)
+        self.undo: deque[tuple[int, LaneState, bool]] = deque(maxlen=UNDO_DEPTH)
         self.mirrors: dict[int, LaneMirror] = {}
         for lane in rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start):
             if restore is not None:
@@ -75,16 +88,35 @@ class RankConsumer:
                                     tokens=[0] * len(plan.source.component_names))
             self.mirrors[lane] = LaneMirror(initial)
 
-    def apply(self, delta: LaneDelta) -> None:
-        self.mirrors[delta.lane].apply(delta)
+    def apply(self, delta: LaneDelta, served: bool = True) -> None:
+        mirror = self.mirrors[delta.lane]
+        self.undo.append((delta.lane, mirror.state(), served))
+        mirror.apply(delta)
         self.steps += 1
+        self.served += served
 
-    def position(self) -> int:
-        return self.start + self.steps * self.topology.dp_size
+    def position(self, steps: int | None = None) -> int:
+        return self.start + (self.steps if steps is None else steps) * self.topology.dp_size
 
-    def snapshot(self) -> PipelineState:
-        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(),
-                             {lane: m.state() for lane, m in self.mirrors.items()})
+    def snapshot(self, served: int | None = None) -> PipelineState:
+        """The state right after the first ``served`` batches (default: all handed out)."""
+        states = {lane: m.state() for lane, m in self.mirrors.items()}
+        steps = self.steps
+        if served is not None and served != self.served:
+            back = self.served - served
+            entries = list(self.undo)[-self.steps:] if self.steps else []
+            if back < 0 or back > sum(e[2] for e in entries):
+                raise ConfigError(
+                    f"cannot checkpoint after batch {served}: the loader handed out "
+                    f"{self.served} batches and remembers the last {UNDO_DEPTH} turns only")
+            for lane, before, was_batch in reversed(entries):
+                if back == 0:
+                    break
+                states[lane] = before
+                steps -= 1
+                back -= was_batch
+        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(steps),
+                             states)
 
 
 class ZephonDataLoader(DataLoader):
@@ -120,11 +152,12 @@ class ZephonDataLoader(DataLoader):
         self.dataset.restore = (self.consumer.snapshot() if self.consumer.steps
                                 else self.dataset.restore)
         self.consumer = RankConsumer(self.dataset.pipeline, self._zephon_topology,
-                                     self.dataset.restore)
+                                     self.dataset.restore, served=self.consumer.served)
         pin = self.pin_memory
         for payload, delta in super().__iter__():
-            self.consumer.apply(delta)
-            if not isinstance(payload, Skip):
+            skip = isinstance(payload, Skip)
+            self.consumer.apply(delta, served=not skip)
+            if not skip:
                 yield _from_wire(payload, pin)
 
 
