@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.zephon-installed
 # The CPU build of torch lies on disk here; pinning it avoids a multi-GB CUDA download.
 TORCH   := torch==2.13.0
 
-.PHONY: test demo bench lint clean
+.PHONY: test demo demo-core bench lint clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 	$(VPY) -m pytest -q -p no:cacheprovider tests
 
 demo: $(STAMP)
+	$(VPY) examples/lightning_resume.py
+
+demo-core: $(STAMP)
 	$(VPY) examples/core_resume_demo.py
 
 bench: $(STAMP)

@@ -20,45 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from embedded import build_pipeline, train_tokenizer
 
-from zephon_core import Pipeline, StaticMixtureWorkSource, corpora
+from zephon_core import Pipeline
 
 SEQ_LEN, BATCH, TOTAL, CUT = 512, 8, 300, 137
 
 
-def train_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    texts = [d["text"] for d in corpora.prose()] + [d["text"] for d in corpora.code()]
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.save(str(path))
-
-
 def build(tokenizer_path: Path) -> Pipeline:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_path))
-
-    def tokenize(payloads: list[dict]) -> list[dict]:
-        encs = tok.encode_batch([p["text"] for p in payloads])
-        return [{"input_ids": np.asarray(e.ids, dtype=np.int32)} for e in encs]
-
-    source = StaticMixtureWorkSource({"prose": corpora.prose(), "code": corpora.code()},
-                                     {"prose": 0.7, "code": 0.3}, chunk_size=16, seed=2026)
-    return (Pipeline(source, canonical_replicas=4, flush_every_k_chunks=2, seed=2026)
-            .fetch(parallelism=2)
-            .map(tokenize, parallelism=2, name="tokenize", batched=True)
-            .split(max_len=SEQ_LEN)
-            .pack(seq_len=SEQ_LEN, bins=8)
-            .shuffle(buffer_size=64)
-            .ensure_mixture(window=16)
-            .batch(batch_size=BATCH))
+    return build_pipeline(tokenizer_path, seq_len=SEQ_LEN, batch_size=BATCH)
 
 
 def fingerprint(batch: dict) -> str:

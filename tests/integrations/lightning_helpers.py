@@ -1,0 +1,152 @@
+"""Helpers for the Lightning integration tests.
+
+Everything a ``ddp_spawn`` child has to unpickle (the model, the pipeline factory)
+lives here, at module level: the test module itself is imported by pytest in
+importlib mode and is not importable by name from a spawned process.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from helpers import reference_pipeline
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from zephon_integrations.lightning import ZephonDataModule
+
+LANES = 4
+
+
+def make_pipeline():
+    """The pipeline factory handed to ZephonDataModule (picklable, unlike a lambda)."""
+    return reference_pipeline(lanes=LANES)
+
+
+def fingerprint(batch: dict[str, Any]) -> str:
+    """A digest of every tensor of a batch (keys in order)."""
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        value = batch[key]
+        h.update(key.encode())
+        if isinstance(value, torch.Tensor):
+            h.update(str(tuple(value.shape)).encode())
+            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()[:16]
+
+
+_GLOBAL: list[str] = []
+
+
+def global_stream(n: int) -> list[str]:
+    """Fingerprints of the first ``n`` batches of the single-process global stream,
+    read by iterating the pipeline directly (no DataLoader, no Lightning)."""
+    if len(_GLOBAL) < n:
+        pipe = make_pipeline()
+        it = iter(pipe)
+        _GLOBAL[:] = [fingerprint(next(it)) for _ in range(n)]
+        pipe.close()
+    return _GLOBAL[:n]
+
+
+class Tiny(pl.LightningModule):
+    """Embedding + mean loss. Records (global_step, fingerprint) of every batch its
+    training_step sees; with ``record_dir`` also appends them to
+    ``record_dir/rank{global_rank}.txt`` (ddp_spawn children do not send attributes back).
+    """
+
+    def __init__(self, record_dir: str | None = None, read_stepping_batches: bool = False):
+        super().__init__()
+        self.emb = torch.nn.Embedding(256, 8)
+        self.record_dir = record_dir
+        self.read_stepping_batches = read_stepping_batches
+        self.seen: list[tuple[int, str]] = []
+        self.val_batches = 0
+
+    def training_step(self, batch, batch_idx):
+        fp = fingerprint(batch)
+        self.seen.append((self.global_step, fp))
+        if self.record_dir is not None:
+            path = os.path.join(self.record_dir, f"rank{self.global_rank}.txt")
+            with open(path, "a") as fh:
+                fh.write(f"{self.global_step} {batch_idx} {fp}\n")
+        return self.emb(batch["input_ids"].clamp(min=0, max=255)).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.val_batches += 1
+        if self.record_dir is not None:
+            path = os.path.join(self.record_dir, f"val_rank{self.global_rank}.txt")
+            with open(path, "a") as fh:
+                fh.write(f"{self.global_step} {batch_idx}\n")
+        (x,) = batch
+        return self.emb(x.clamp(min=0, max=255)).mean()
+
+    def configure_optimizers(self):
+        if self.read_stepping_batches:
+            # a common pattern (LR schedulers); it makes Lightning build the train
+            # loader before it restores the checkpoint
+            assert self.trainer.estimated_stepping_batches > 0
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def small_val_loader():
+    """A plain validation DataLoader (module-level so ddp_spawn can pickle it)."""
+    data = torch.utils.data.TensorDataset(torch.arange(16))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def fit(*, max_steps: int, ckpt_dir: str, ckpt_path: str | None = None, num_workers: int = 0,
+        accumulate: int = 1, every_n_train_steps: int = 5, val_check_interval: int | None = None,
+        devices: int = 1, strategy: str = "auto", record_dir: str | None = None,
+        logger: Any = False, dm_kwargs: dict | None = None,
+        read_stepping_batches: bool = False) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
+    """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule."""
+    model = Tiny(record_dir=record_dir, read_stepping_batches=read_stepping_batches)
+    kwargs = dict(dm_kwargs or {})
+    if val_check_interval is not None:
+        kwargs.setdefault("val_dataloader_fn", small_val_loader)
+    dm = ZephonDataModule(pipeline=make_pipeline, num_workers=num_workers, **kwargs)
+    cb = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every_n_train_steps,
+                         save_top_k=-1, save_last=True)
+    trainer_kwargs: dict[str, Any] = {}
+    if val_check_interval is not None:
+        trainer_kwargs.update(val_check_interval=val_check_interval, limit_val_batches=2,
+                              check_val_every_n_epoch=None, num_sanity_val_steps=0)
+    else:
+        trainer_kwargs.update(limit_val_batches=0)
+    trainer = pl.Trainer(max_steps=max_steps, callbacks=[cb], logger=logger,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accumulate_grad_batches=accumulate, accelerator="cpu",
+                         devices=devices, strategy=strategy, **trainer_kwargs)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model, trainer, dm
+
+
+def step_checkpoint(ckpt_dir: str, step: int) -> str:
+    """The ModelCheckpoint file written at ``global_step == step``."""
+    found = glob.glob(os.path.join(ckpt_dir, f"*step={step}.ckpt"))
+    assert len(found) == 1, (step, sorted(os.listdir(ckpt_dir)))
+    return found[0]
+
+
+def read_rank_records(record_dir: str, rank: int) -> list[tuple[int, int, str]]:
+    path = os.path.join(record_dir, f"rank{rank}.txt")
+    out = []
+    with open(path) as fh:
+        for line in fh:
+            step, idx, fp = line.split()
+            out.append((int(step), int(idx), fp))
+    return out
+
+
+def count_lines(path: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    with open(path) as fh:
+        return sum(1 for _ in fh)

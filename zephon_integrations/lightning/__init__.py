@@ -1,0 +1,5 @@
+"""Lightning integration: :class:`ZephonDataModule`."""
+
+from .datamodule import ZephonDataModule
+
+__all__ = ["ZephonDataModule"]
