@@ -89,8 +89,8 @@ class Tiny(pl.LightningModule):
 
     def configure_optimizers(self):
         if self.read_stepping_batches:
-            # a common pattern (LR schedulers); it makes Lightning build the train
-            # loader before it restores the checkpoint
+            # a common pattern (LR schedulers); with a finite max_epochs it makes
+            # Lightning build the train loader early, before it restores its loops
             assert self.trainer.estimated_stepping_batches > 0
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -105,7 +105,8 @@ def fit(*, max_steps: int, ckpt_dir: str, ckpt_path: str | None = None, num_work
         accumulate: int = 1, every_n_train_steps: int = 5, val_check_interval: int | None = None,
         devices: int = 1, strategy: str = "auto", record_dir: str | None = None,
         logger: Any = False, dm_kwargs: dict | None = None,
-        read_stepping_batches: bool = False) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
+        read_stepping_batches: bool = False,
+        trainer_kwargs: dict | None = None) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
     """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule."""
     model = Tiny(record_dir=record_dir, read_stepping_batches=read_stepping_batches)
     kwargs = dict(dm_kwargs or {})
@@ -114,7 +115,7 @@ def fit(*, max_steps: int, ckpt_dir: str, ckpt_path: str | None = None, num_work
     dm = ZephonDataModule(pipeline=make_pipeline, num_workers=num_workers, **kwargs)
     cb = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every_n_train_steps,
                          save_top_k=-1, save_last=True)
-    trainer_kwargs: dict[str, Any] = {}
+    trainer_kwargs = dict(trainer_kwargs or {})
     if val_check_interval is not None:
         trainer_kwargs.update(val_check_interval=val_check_interval, limit_val_batches=2,
                               check_val_every_n_epoch=None, num_sanity_val_steps=0)
@@ -144,9 +145,3 @@ def read_rank_records(record_dir: str, rank: int) -> list[tuple[int, int, str]]:
             out.append((int(step), int(idx), fp))
     return out
 
-
-def count_lines(path: str) -> int:
-    if not os.path.exists(path):
-        return 0
-    with open(path) as fh:
-        return sum(1 for _ in fh)
