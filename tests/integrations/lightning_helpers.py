@@ -17,13 +17,15 @@ import torch
 from helpers import reference_pipeline
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from zephon_core import Pipeline
 from zephon_integrations.lightning import ZephonDataModule
 
 LANES = 4
 
 
-def make_pipeline():
-    """The pipeline factory handed to ZephonDataModule (picklable, unlike a lambda)."""
+def make_pipeline() -> Pipeline:
+    """The pipeline factory handed to ZephonDataModule (picklable, unlike a lambda; the
+    return annotation lets LightningCLI accept it as ``--data.pipeline=<import path>``)."""
     return reference_pipeline(lanes=LANES)
 
 
