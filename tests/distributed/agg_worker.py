@@ -128,8 +128,8 @@ def apply_faults(spec: dict, log: dict) -> None:
     if "diverge_cursor" in faults:  # a model-parallel peer reports a different cursor
         orig_local = Pipeline._local_state
 
-        def local_state(self, _orig=orig_local):
-            st = _orig(self)
+        def local_state(self, served=None, _orig=orig_local):
+            st = _orig(self, served)
             lane = min(st.lanes)
             c = st.lanes[lane].cursor
             st.lanes[lane].cursor = c._replace(offset=c.offset + 1)
@@ -140,8 +140,8 @@ def apply_faults(spec: dict, log: dict) -> None:
     if "drop_last_lane" in faults:  # a rank reports only part of its DP group's lanes
         orig_local2 = Pipeline._local_state
 
-        def local_state2(self, _orig=orig_local2):
-            st = _orig(self)
+        def local_state2(self, served=None, _orig=orig_local2):
+            st = _orig(self, served)
             dropped = max(st.lanes)
             del st.lanes[dropped]
             log["dropped_lane"] = dropped
