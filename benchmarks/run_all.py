@@ -10,8 +10,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import bench_core  # noqa: E402
 import bench_distributed  # noqa: E402
+import bench_hf  # noqa: E402
 import bench_vs_grain  # noqa: E402
 
 if __name__ == "__main__":
     print(json.dumps({"vs_grain": bench_vs_grain.main(), "core": bench_core.main(),
-                      "distributed": bench_distributed.main()}, indent=2))
+                      "distributed": bench_distributed.main(), "hf_fetch": bench_hf.main()},
+                     indent=2))
