@@ -1,0 +1,99 @@
+"""ZephonTrainer: exact resume under transformers.Trainer (single process).
+
+The batches training_step sees after ``resume_from_checkpoint`` equal those of an
+uninterrupted run; nothing is skipped, re-read or thrown away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+import pytest
+import torch
+from helpers import reference_pipeline
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+from zephon_core import ConfigError, Pipeline
+from zephon_core.checkpoint import codec
+from zephon_integrations.hf.trainer import STATE_FILE, ZephonTrainer
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def fingerprint(batch: dict) -> str:
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        h.update(batch[k].cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def make_pipeline() -> Pipeline:
+    return reference_pipeline(lanes=4)
+
+
+class Recording(ZephonTrainer):
+    def training_step(self, model, inputs, *args, **kwargs):
+        self.seen.append(fingerprint(inputs))
+        return super().training_step(model, inputs, *args, **kwargs)
+
+
+def run(out, max_steps, resume=None, gas=1, workers=0, limit=2):
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
+                                       n_head=2))
+    args = TrainingArguments(output_dir=str(out), max_steps=max_steps,
+                             per_device_train_batch_size=4, save_strategy="steps", save_steps=3,
+                             save_total_limit=limit, logging_steps=1000, report_to=[],
+                             gradient_accumulation_steps=gas, dataloader_num_workers=workers,
+                             use_cpu=True, disable_tqdm=True)
+    t = Recording(model=model, args=args, pipeline=make_pipeline)
+    t.seen = []
+    t.train(resume_from_checkpoint=resume)
+    return t.seen
+
+
+def reference(n):
+    p = make_pipeline()
+    it = iter(p)
+    out = [fingerprint(next(it)) for _ in range(n)]
+    p.close()
+    return out
+
+
+@pytest.mark.parametrize("gas, workers", [(1, 0), (2, 0), (1, 2)])
+def test_resume_from_last_checkpoint_continues_the_stream(tmp_path, gas, workers):
+    full = run(tmp_path / "a", 8, gas=gas, workers=workers)
+    assert full == reference(8 * gas)  # every rank-0 batch is the global stream, none skipped
+    first = run(tmp_path / "b", 6, gas=gas, workers=workers)  # saves at steps 3 and 6
+    assert first == full[:6 * gas]
+    tail = run(tmp_path / "b", 8, resume=True, gas=gas, workers=workers)
+    assert tail == full[6 * gas:]
+
+
+def test_resume_from_an_explicit_path_and_rotation_keeps_states(tmp_path):
+    full = run(tmp_path / "a", 9)
+    run(tmp_path / "b", 9)  # saves 3, 6, 9; save_total_limit=2 keeps 6 and 9
+    kept = sorted(os.listdir(tmp_path / "b"))
+    assert kept == ["checkpoint-6", "checkpoint-9"]
+    for ck in kept:
+        state = codec.decode((tmp_path / "b" / ck / STATE_FILE).read_bytes())
+        assert state["position"] == int(ck.split("-")[1]) and len(state["lanes"]) == 4
+    tail = run(tmp_path / "c", 9, resume=str(tmp_path / "b" / "checkpoint-6"))
+    assert tail == full[6:]
+
+
+def test_missing_state_and_missing_max_steps_are_clear_errors(tmp_path):
+    run(tmp_path / "b", 3)
+    os.remove(tmp_path / "b" / "checkpoint-3" / STATE_FILE)
+    with pytest.raises(ConfigError, match=STATE_FILE):
+        run(tmp_path / "b", 6, resume=True)
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        run(tmp_path / "empty", 6, resume=True)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
+                                       n_head=2))
+    with pytest.raises(ConfigError, match="max_steps"):
+        ZephonTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "x"),
+                                                          use_cpu=True, report_to=[]),
+                      pipeline=make_pipeline)

@@ -1,0 +1,87 @@
+"""ZephonTrainer: the clean per-rank path for ``transformers.Trainer``.
+
+Every rank reads its own Zephon lanes through ``Pipeline.dataloader()``; the loader
+is not passed through ``accelerator.prepare`` (no dispatching from rank 0, no
+``IterableDatasetShard`` reading the whole stream, no extra look-ahead), and
+``ignore_data_skip`` is forced on so a resume never reads and discards batches.
+Each checkpoint directory gets ``zephon_state.msgpack.zst`` -- the merged state of
+all lanes right after the batches the saved optimizer steps consumed -- and
+``train(resume_from_checkpoint=True|path)`` restores it before the first batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from zephon_core import ConfigError, Pipeline
+from zephon_core.checkpoint import codec
+
+STATE_FILE = "zephon_state.msgpack.zst"
+
+
+class ZephonTrainer(Trainer):
+    """A ``transformers.Trainer`` fed by a Zephon pipeline (pass ``max_steps`` in args).
+
+    Example::
+
+        trainer = ZephonTrainer(model=model, args=TrainingArguments(..., max_steps=1000),
+                                pipeline=build_pipeline)
+        trainer.train()                                  # later: resume_from_checkpoint=True
+    """
+
+    def __init__(self, *args: Any, pipeline: Pipeline | Callable[[], Pipeline], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.args.max_steps is None or self.args.max_steps <= 0:
+            raise ConfigError("a Zephon stream has no length: set TrainingArguments(max_steps=...)")
+        self.args.ignore_data_skip = True  # never read and throw away batches on resume
+        self._zephon_factory = pipeline
+        self.zephon_pipeline: Pipeline | None = None
+        self._zephon_served = 0  # batches of the current loader that reached training_step
+
+    def _zephon(self) -> Pipeline:
+        if self.zephon_pipeline is None:
+            f = self._zephon_factory
+            pipe = (f if isinstance(f, Pipeline) else f()).description()
+            if self.args.world_size > 1:
+                pipe = pipe.bind(rank=self.args.process_index, world_size=self.args.world_size)
+            self.zephon_pipeline = pipe
+        return self.zephon_pipeline
+
+    def get_train_dataloader(self):
+        self._zephon_served = 0
+        return self._zephon().dataloader(num_workers=self.args.dataloader_num_workers,
+                                         pin_memory=self.args.dataloader_pin_memory)
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
+        self._zephon_served += 1
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
+              **kwargs: Any):
+        path = resume_from_checkpoint
+        if path is True:
+            path = get_last_checkpoint(self.args.output_dir)
+            if path is None:
+                raise ConfigError(f"resume_from_checkpoint=True but {self.args.output_dir} "
+                                  "holds no checkpoint-* directory")
+        if path:
+            state_file = os.path.join(path, STATE_FILE)
+            if not os.path.exists(state_file):
+                raise ConfigError(f"{path} has no {STATE_FILE}; it was not written by "
+                                  "ZephonTrainer, so the data position cannot be restored")
+            self._zephon().load_state_dict(codec.decode(codec.read_bytes(state_file)))
+        return super().train(path or None, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        # the state right after the batches the saved optimizer steps consumed
+        state = self._zephon().checkpoint(served=self._zephon_served)  # a round on every rank
+        if self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            out = os.path.join(self._get_output_dir(trial=trial), folder, STATE_FILE)
+            codec.write_atomic(out, codec.encode(state))
