@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.zephon-installed
 # The CPU build of torch lies on disk here; pinning it avoids a multi-GB CUDA download.
 TORCH   := torch==2.13.0
 
-.PHONY: test demo demo-core bench lint clean
+.PHONY: test demo demo-core demo-hf bench lint clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: $(STAMP)
 
 demo-core: $(STAMP)
 	$(VPY) examples/core_resume_demo.py
+
+demo-hf: $(STAMP)
+	$(VPY) -m pip install -q -e ".[hf]" "$(TORCH)"
+	$(VPY) examples/hf_trainer_resume.py
 
 bench: $(STAMP)
 	$(VPY) -m pip install -q -e ".[bench]" "$(TORCH)"
