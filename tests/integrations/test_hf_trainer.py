@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 from helpers import reference_pipeline
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
 from zephon_core import ConfigError, Pipeline
 from zephon_core.checkpoint import codec
@@ -36,20 +36,33 @@ def make_pipeline() -> Pipeline:
 class Recording(ZephonTrainer):
     def training_step(self, model, inputs, *args, **kwargs):
         self.seen.append(fingerprint(inputs))
-        return super().training_step(model, inputs, *args, **kwargs)
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        self.losses.append(float(loss))
+        return loss
 
 
-def run(out, max_steps, resume=None, gas=1, workers=0, limit=2):
+class CrashAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+        return control
+
+
+def run(out, max_steps, resume=None, gas=1, workers=0, limit=2, crash_at=None, losses=None):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
-                                       n_head=2))
+                                       n_head=2))  # dropout 0.1: the RNG must resume too
     args = TrainingArguments(output_dir=str(out), max_steps=max_steps,
                              per_device_train_batch_size=4, save_strategy="steps", save_steps=3,
                              save_total_limit=limit, logging_steps=1000, report_to=[],
                              gradient_accumulation_steps=gas, dataloader_num_workers=workers,
                              use_cpu=True, disable_tqdm=True)
-    t = Recording(model=model, args=args, pipeline=make_pipeline)
+    t = Recording(model=model, args=args, pipeline=make_pipeline,
+                  callbacks=[CrashAt(crash_at)] if crash_at else None)
     t.seen = []
+    t.losses = losses if losses is not None else []
     t.train(resume_from_checkpoint=resume)
     return t.seen
 
@@ -97,3 +110,13 @@ def test_missing_state_and_missing_max_steps_are_clear_errors(tmp_path):
         ZephonTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "x"),
                                                           use_cpu=True, report_to=[]),
                       pipeline=make_pipeline)
+
+
+def test_resume_reproduces_losses_with_dropout(tmp_path):
+    """Same schedule, a crash at step 6, resume: data, RNG and optimizer continue exactly."""
+    full_losses, tail_losses = [], []
+    full = run(tmp_path / "a", 9, losses=full_losses)
+    run(tmp_path / "b", 9, crash_at=6)
+    tail = run(tmp_path / "b", 9, resume=True, losses=tail_losses)
+    assert tail == full[6:]
+    assert tail_losses == full_losses[6:]

@@ -42,6 +42,7 @@ class ZephonTrainer(Trainer):
         self._zephon_factory = pipeline
         self.zephon_pipeline: Pipeline | None = None
         self._zephon_served = 0  # batches of the current loader that reached training_step
+        self._zephon_rng_from: str | None = None
 
     def _zephon(self) -> Pipeline:
         if self.zephon_pipeline is None:
@@ -58,6 +59,11 @@ class ZephonTrainer(Trainer):
                                          pin_memory=self.args.dataloader_pin_memory)
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
+        if self._zephon_rng_from is not None:
+            # ignore_data_skip makes the Trainer skip its own RNG restore on resume; without
+            # it dropout after a resume would differ from the uninterrupted run
+            self._load_rng_state(self._zephon_rng_from)
+            self._zephon_rng_from = None
         self._zephon_served += 1
         return super().training_step(model, inputs, *args, **kwargs)
 
@@ -75,6 +81,7 @@ class ZephonTrainer(Trainer):
                 raise ConfigError(f"{path} has no {STATE_FILE}; it was not written by "
                                   "ZephonTrainer, so the data position cannot be restored")
             self._zephon().load_state_dict(codec.decode(codec.read_bytes(state_file)))
+            self._zephon_rng_from = path
         return super().train(path or None, *args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
