@@ -9,7 +9,6 @@ uses its own blocking waits.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 import uuid
 from typing import Any
@@ -48,12 +47,6 @@ class DirStorage:
         except FileNotFoundError:
             pass
 
-    def keys(self) -> list[str]:
-        try:
-            return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self.root,
-                                                                                detail=False))
-        except FileNotFoundError:
-            return []
 
     def wait(self, key: str, deadline: float) -> bytes | None:
         """The value of ``key`` once it exists, or None at ``deadline``."""
@@ -88,8 +81,6 @@ class StoreStorage:
     def delete(self, key: str) -> None:
         self.store.delete_key(self.prefix + key)
 
-    def keys(self) -> list[str]:
-        raise NotImplementedError("a torch Store cannot list keys")
 
     def wait(self, key: str, deadline: float) -> bytes | None:
         left = deadline - time.monotonic()

@@ -8,10 +8,6 @@ lane order; the multi-rank assignment builds on the same mapping.
 from __future__ import annotations
 
 
-def lane_of(position: int, num_lanes: int) -> int:
-    return position % num_lanes
-
-
 def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
     """How many of the positions 0..position-1 belong to ``lane``."""
     return max(0, (position - lane + num_lanes - 1) // num_lanes)

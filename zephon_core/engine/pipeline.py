@@ -117,6 +117,18 @@ class Pipeline:
         new._ops = self._ops + (op,)
         return new
 
+    @staticmethod
+    def for_rank(pipeline: Pipeline | Callable[[], Pipeline], rank: int,
+                 world_size: int) -> Pipeline:
+        """A fresh description from a Pipeline or a zero-argument factory, bound to
+        ``rank`` of ``world_size`` when there are several ranks (used by integrations)."""
+        pipe = pipeline if isinstance(pipeline, Pipeline) else pipeline()
+        if not isinstance(pipe, Pipeline):
+            raise ConfigError(f"the pipeline factory returned {type(pipe).__name__}, "
+                              "expected a zephon_core.Pipeline")
+        pipe = pipe.description()
+        return pipe.bind(rank=rank, world_size=world_size) if world_size > 1 else pipe
+
     def description(self) -> Pipeline:
         """A copy holding only the description (no run, no pending restore)."""
         new = copy.copy(self)

@@ -46,7 +46,7 @@ class ZephonIterableDataset(IterableDataset):
             topo = Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size,
                             info.id, info.num_workers)
         run = PipelineRun(self.pipeline.compile(), self.restore, topo, emit_skips=True)
-        wire = _to_wire if info is not None else _same
+        wire = _to_wire if info is not None else _identity
         try:
             for payload in run:
                 yield wire(payload), run.delta(run.last_lane)
@@ -162,10 +162,6 @@ class ZephonDataLoader(DataLoader):
 
 
 def _identity(x: Any) -> Any:
-    return x
-
-
-def _same(x: Any) -> Any:
     return x
 
 

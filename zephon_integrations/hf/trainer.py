@@ -46,11 +46,9 @@ class ZephonTrainer(Trainer):
 
     def _zephon(self) -> Pipeline:
         if self.zephon_pipeline is None:
-            f = self._zephon_factory
-            pipe = (f if isinstance(f, Pipeline) else f()).description()
-            if self.args.world_size > 1:
-                pipe = pipe.bind(rank=self.args.process_index, world_size=self.args.world_size)
-            self.zephon_pipeline = pipe
+            self.zephon_pipeline = Pipeline.for_rank(self._zephon_factory,
+                                                     self.args.process_index,
+                                                     self.args.world_size)
         return self.zephon_pipeline
 
     def get_train_dataloader(self):

@@ -78,17 +78,12 @@ class ZephonDataModule(pl.LightningDataModule):
 
     # -- building -------------------------------------------------------------------
     def _build(self) -> Pipeline:
-        pipe = self._factory() if not isinstance(self._factory, Pipeline) else self._factory
-        if not isinstance(pipe, Pipeline):
-            raise ConfigError(f"the pipeline factory returned {type(pipe).__name__}, "
-                              "expected a zephon_core.Pipeline")
-        pipe = pipe.description()
+        trainer = self._trainer_or_none()
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        pipe = Pipeline.for_rank(self._factory, rank, world)
         if self.aggregate_dir is not None or self.aggregate_store is not None:
             pipe.aggregate_dir, pipe.aggregate_store = self.aggregate_dir, self.aggregate_store
         pipe.aggregate_timeout_s = float(self.aggregate_timeout_s)
-        trainer = self._trainer_or_none()
-        if trainer is not None and trainer.world_size > 1:
-            pipe = pipe.bind(rank=trainer.global_rank, world_size=trainer.world_size)
         return pipe
 
     def _trainer_or_none(self):
