@@ -11,9 +11,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_core  # noqa: E402
 import bench_distributed  # noqa: E402
 import bench_hf  # noqa: E402
+import bench_hf_trainer  # noqa: E402
 import bench_vs_grain  # noqa: E402
 
 if __name__ == "__main__":
     print(json.dumps({"vs_grain": bench_vs_grain.main(), "core": bench_core.main(),
-                      "distributed": bench_distributed.main(), "hf_fetch": bench_hf.main()},
+                      "distributed": bench_distributed.main(), "hf_fetch": bench_hf.main(),
+                      "hf_trainer_data_path": bench_hf_trainer.main()},
                      indent=2))

@@ -3,10 +3,11 @@
 The embedded mixture (Python's own docs as prose, its standard library as code) is
 saved as local HF datasets (``save_to_disk``), read back as Zephon components with one
 Arrow read per chunk, tokenized by a BPE trained on the spot, packed and shuffled.
-A config-constructed GPT-2 (random init, nothing downloads) trains with
-``ZephonTrainer``: run A goes 2N steps; run B (same schedule) "crashes" at N; run C
-resumes B's last checkpoint with ``resume_from_checkpoint=True``. The demo compares the batches the
-model saw.
+A config-constructed GPT-2 (random init, nothing downloads) trains with an unmodified
+``transformers.Trainer`` and ``ZephonCallback`` (``--path trainer``: the per-rank
+``ZephonTrainer``): run A goes 2N steps; run B (same schedule) "crashes" at N; run C
+resumes B's last checkpoint with ``resume_from_checkpoint=True``. The demo compares
+the batches the model saw and the losses.
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import datasets  # noqa: E402
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from embedded import BatchTokenizer, train_tokenizer  # noqa: E402
 from transformers import (  # noqa: E402
     GPT2Config,
     GPT2LMHeadModel,
+    PrinterCallback,
+    Trainer,
     TrainerCallback,
     TrainingArguments,
 )
 
 from zephon_core import Pipeline, StaticMixtureWorkSource, corpora  # noqa: E402
-from zephon_integrations.hf import hf_components  # noqa: E402
-from zephon_integrations.hf.trainer import ZephonTrainer  # noqa: E402
+from zephon_integrations.hf import ZephonCallback, ZephonTrainer, hf_components  # noqa: E402
 
 SEQ_LEN, BATCH = 128, 8
 
@@ -66,14 +69,22 @@ class PipelineFactory:
                 .shuffle(buffer_size=64).batch(batch_size=BATCH))
 
 
-class Recording(ZephonTrainer):
+class Recording(TrainerCallback):
     """Keeps (step, batch fingerprint, loss) of every training step."""
 
-    def training_step(self, model, inputs, *args, **kwargs):
-        h = hashlib.sha256(inputs["input_ids"].cpu().numpy().tobytes()).hexdigest()[:12]
-        loss = super().training_step(model, inputs, *args, **kwargs)
-        self.record.append((self.state.global_step, h, float(loss)))
-        return loss
+    def __init__(self, model: torch.nn.Module):
+        self.record: list[tuple[int, str, float]] = []
+        self.batches: list[str] = []
+        model.register_forward_pre_hook(self._see, with_kwargs=True)
+
+    def _see(self, module, args, kwargs):
+        if module.training:
+            ids = kwargs["input_ids"].cpu().numpy().tobytes()
+            self.batches.append(hashlib.sha256(ids).hexdigest()[:12])
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.record.append((state.global_step, self.batches[-1], float(logs["loss"])))
 
 
 class CrashAt(TrainerCallback):
@@ -88,37 +99,47 @@ class CrashAt(TrainerCallback):
         return control
 
 
-def train(factory: PipelineFactory, out: Path, steps: int, resume: bool = False,
+def train(factory: PipelineFactory, out: Path, steps: int, path: str, resume: bool = False,
           crash_at: int | None = None) -> list:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=2048, n_positions=SEQ_LEN, n_embd=64,
                                        n_layer=2, n_head=4))  # dropout on: RNG resumes too
     args = TrainingArguments(output_dir=str(out), max_steps=steps, save_strategy="steps",
                              save_steps=max(1, steps // 4), save_total_limit=2,
-                             learning_rate=3e-3, logging_steps=10**6, report_to=[],
+                             learning_rate=3e-3, logging_steps=1, report_to=[],
                              use_cpu=True, disable_tqdm=True, per_device_train_batch_size=BATCH)
-    trainer = Recording(model=model, args=args, pipeline=factory,
-                        callbacks=[CrashAt(crash_at)] if crash_at else None)
-    trainer.record = []
+    recording = Recording(model)
+    callbacks = [recording] + ([CrashAt(crash_at)] if crash_at else [])
+    if path == "callback":  # an unmodified Trainer
+        zephon = ZephonCallback(factory)
+        trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
+                          callbacks=[zephon, *callbacks])
+    else:  # the per-rank path
+        trainer = ZephonTrainer(model=model, args=args, pipeline=factory, callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # the losses are compared below instead
     trainer.train(resume_from_checkpoint=True if resume else None)
-    return trainer.record
+    return recording.record
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="N: stop at N, resume to 2N")
-    n = ap.parse_args().steps
+    ap.add_argument("--path", choices=["callback", "trainer"], default="callback",
+                    help="Trainer + ZephonCallback, or the per-rank ZephonTrainer")
+    opts = ap.parse_args()
+    n, path = opts.steps, opts.path
     logging.disable(logging.WARNING)
     datasets.disable_progress_bars()
-    print(__doc__.strip().splitlines()[0], "\n")
+    transformers.utils.logging.disable_progress_bar()
+    print(__doc__.strip().splitlines()[0], f"({path})\n")
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         tok = d / "tokenizer.json"
         train_tokenizer(tok)
         factory = PipelineFactory(save_datasets(d / "data"), tok)
-        full = train(factory, d / "A", 2 * n)
-        train(factory, d / "B", 2 * n, crash_at=n)
-        resumed = train(factory, d / "B", 2 * n, resume=True)
+        full = train(factory, d / "A", 2 * n, path)
+        train(factory, d / "B", 2 * n, path, crash_at=n)
+        resumed = train(factory, d / "B", 2 * n, path, resume=True)
         kept = sorted(p.name for p in (d / "B").iterdir())
     tail = full[n:]
     for (s, a, la), (_, b, lb) in list(zip(tail, resumed))[:3]:

@@ -62,6 +62,26 @@ def test_datasetdict_split_and_saved_path(tmp_path):
     assert len(hf_component(str(tmp_path / "single"))) == 6
 
 
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_local_load_dataset_files_are_components(tmp_path, fmt):
+    """``load_dataset("json"/"parquet", data_files=...)``, split or DatasetDict, offline."""
+    src = _ds(25, "f")
+    path = str(tmp_path / f"rows.{fmt}")
+    src.to_json(path) if fmt == "json" else src.to_parquet(path)
+    cache = str(tmp_path / "cache")
+    as_split = datasets.load_dataset(fmt, data_files=path, split="train", cache_dir=cache)
+    as_dict = datasets.load_dataset(fmt, data_files={"train": path}, cache_dir=cache)
+    for comp in (hf_component(as_split, columns=["idx", "text"]),
+                 hf_component(as_dict, split="train", columns=["idx", "text"])):
+        assert len(comp) == 25
+        assert comp.__getitems__(ROWS) == src.select_columns(["idx", "text"]).__getitems__(ROWS)
+    pipe = Pipeline(StaticMixtureWorkSource({"a": hf_component(as_split)}, {"a": 1.0},
+                                            chunk_size=4, seed=2), canonical_replicas=2,
+                    seed=2).fetch()
+    rows = [r["idx"] for r in take(pipe, 25)]
+    assert sorted(rows) == list(range(25))  # one epoch: every row once
+
+
 def test_streaming_and_unknown_inputs_are_refused_with_the_fix():
     it = _ds(5, "s").to_iterable_dataset()
     with pytest.raises(ConfigError, match="streaming.*save_to_disk"):

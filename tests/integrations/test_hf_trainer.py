@@ -6,31 +6,19 @@ uninterrupted run; nothing is skipped, re-read or thrown away.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 
 import pytest
 import torch
-from helpers import reference_pipeline
-from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
+from hf_helpers import CrashAt, fingerprint, make_pipeline, reference
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-from zephon_core import ConfigError, Pipeline
+from zephon_core import ConfigError
 from zephon_core.checkpoint import codec
 from zephon_integrations.hf.trainer import STATE_FILE, ZephonTrainer
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
-
-
-def fingerprint(batch: dict) -> str:
-    h = hashlib.sha256()
-    for k in sorted(batch):
-        h.update(batch[k].cpu().numpy().tobytes())
-    return h.hexdigest()[:12]
-
-
-def make_pipeline() -> Pipeline:
-    return reference_pipeline(lanes=4)
 
 
 class Recording(ZephonTrainer):
@@ -39,15 +27,6 @@ class Recording(ZephonTrainer):
         loss = super().training_step(model, inputs, *args, **kwargs)
         self.losses.append(float(loss))
         return loss
-
-
-class CrashAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        control.should_training_stop = state.global_step >= self.step
-        return control
 
 
 def run(out, max_steps, resume=None, gas=1, workers=0, limit=2, crash_at=None, losses=None):
@@ -65,14 +44,6 @@ def run(out, max_steps, resume=None, gas=1, workers=0, limit=2, crash_at=None, l
     t.losses = losses if losses is not None else []
     t.train(resume_from_checkpoint=resume)
     return t.seen
-
-
-def reference(n):
-    p = make_pipeline()
-    it = iter(p)
-    out = [fingerprint(next(it)) for _ in range(n)]
-    p.close()
-    return out
 
 
 @pytest.mark.parametrize("gas, workers", [(1, 0), (2, 0), (1, 2)])

@@ -117,6 +117,11 @@ class Pipeline:
         new._ops = self._ops + (op,)
         return new
 
+    @property
+    def operators(self) -> tuple[Operator, ...]:
+        """The operator chain, in order."""
+        return self._ops
+
     @staticmethod
     def for_rank(pipeline: Pipeline | Callable[[], Pipeline], rank: int,
                  world_size: int) -> Pipeline:
@@ -219,9 +224,11 @@ class Pipeline:
                                                     topo.dp_size), self._restore)
 
     def dataloader(self, num_workers: int = 0, pin_memory: bool = False,
-                   **kwargs: Any) -> ZephonDataLoader:
+                   max_read_ahead: int = 16, **kwargs: Any) -> ZephonDataLoader:
         """A ready DataLoader serving this rank's lanes; ``checkpoint()`` then follows the
-        batches it handed out. ``(canonical_replicas / dp_size) % num_workers`` must be 0."""
+        batches it handed out. ``(canonical_replicas / dp_size) % num_workers`` must be 0.
+        ``max_read_ahead``: how many batches the training loop may take beyond the last
+        one it consumed and still ``checkpoint(served=...)`` at that one."""
         if self._run is not None:
             raise ConfigError("this pipeline is already being iterated directly; build the "
                               "dataloader before iterating")
@@ -229,7 +236,8 @@ class Pipeline:
         self._loader = ZephonDataLoader(self, Topology(topo.rank, topo.world_size,
                                                        topo.dp_rank, topo.dp_size),
                                         self._restore, num_workers=num_workers,
-                                        pin_memory=pin_memory, **kwargs)
+                                        pin_memory=pin_memory, max_read_ahead=max_read_ahead,
+                                        **kwargs)
         return self._loader
 
     def stats(self) -> dict[str, Any]:

@@ -57,19 +57,19 @@ class ZephonIterableDataset(IterableDataset):
                 pass
 
 
-UNDO_DEPTH = 16  # batches a consumer can be behind the loader (Lightning's look-ahead is 1)
+MAX_READ_AHEAD = 16  # default: batches a consumer may be behind the loader (Lightning's is 1)
 
 
 class RankConsumer:
     """The training process's view of its rank's lanes (mirrors fed by deltas).
 
-    It keeps the lane state from before each of the last ``UNDO_DEPTH`` batches, so
+    It keeps the lane state from before each of the last ``max_read_ahead`` turns, so
     a trainer that reads ahead can still checkpoint the state right after the last
     batch its training step consumed.
     """
 
     def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
-                 served: int = 0):
+                 served: int = 0, max_read_ahead: int = MAX_READ_AHEAD):
         plan = pipeline.compile()
         self.plan = plan
         self.topology = topology
@@ -77,7 +77,7 @@ class RankConsumer:
         self.steps = 0
         self.served = served  # batches handed out by the loader, across its iterators
         # (lane, its state before, whether the turn handed out a batch)
-        self.undo: deque[tuple[int, LaneState, bool]] = deque(maxlen=UNDO_DEPTH)
+        self.undo: deque[tuple[int, LaneState, bool]] = deque(maxlen=max_read_ahead)
         self.mirrors: dict[int, LaneMirror] = {}
         for lane in rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start):
             if restore is not None:
@@ -108,7 +108,8 @@ class RankConsumer:
             if back < 0 or back > sum(e[2] for e in entries):
                 raise ConfigError(
                     f"cannot checkpoint after batch {served}: the loader handed out "
-                    f"{self.served} batches and remembers the last {UNDO_DEPTH} turns only")
+                    f"{self.served} batches and remembers the last {self.undo.maxlen} turns "
+                    "only; raise dataloader(max_read_ahead=...)")
             for lane, before, was_batch in reversed(entries):
                 if back == 0:
                     break
@@ -130,7 +131,7 @@ class ZephonDataLoader(DataLoader):
     """
 
     def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
-                 num_workers: int = 0, **kwargs: Any):
+                 num_workers: int = 0, max_read_ahead: int = MAX_READ_AHEAD, **kwargs: Any):
         for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn",
                     "drop_last"):
             if kwargs.get(bad) not in (None, False):
@@ -140,8 +141,12 @@ class ZephonDataLoader(DataLoader):
         if kwargs.get("persistent_workers"):
             raise ConfigError("persistent_workers=True is not supported: a re-created "
                               "iterator must restart workers from the consumed state")
+        if isinstance(max_read_ahead, bool) or not isinstance(max_read_ahead, int) \
+                or max_read_ahead < 1:
+            raise ConfigError(f"max_read_ahead={max_read_ahead!r} must be an int >= 1")
         validate(pipeline.canonical_replicas, topology.dp_size, num_workers)
-        self.consumer = RankConsumer(pipeline, topology, restore)
+        self.max_read_ahead = max_read_ahead
+        self.consumer = RankConsumer(pipeline, topology, restore, max_read_ahead=max_read_ahead)
         self._zephon_topology = topology
         dataset = ZephonIterableDataset(pipeline, topology, restore)
         super().__init__(dataset, batch_size=None, num_workers=num_workers,
@@ -152,7 +157,8 @@ class ZephonDataLoader(DataLoader):
         self.dataset.restore = (self.consumer.snapshot() if self.consumer.steps
                                 else self.dataset.restore)
         self.consumer = RankConsumer(self.dataset.pipeline, self._zephon_topology,
-                                     self.dataset.restore, served=self.consumer.served)
+                                     self.dataset.restore, served=self.consumer.served,
+                                     max_read_ahead=self.max_read_ahead)
         pin = self.pin_memory
         for payload, delta in super().__iter__():
             skip = isinstance(payload, Skip)

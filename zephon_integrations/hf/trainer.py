@@ -11,17 +11,17 @@ all lanes right after the batches the saved optimizer steps consumed -- and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import get_last_checkpoint
 
 from zephon_core import ConfigError, Pipeline
-from zephon_core.checkpoint import codec
 
-STATE_FILE = "zephon_state.msgpack.zst"
+from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
+
+__all__ = ["STATE_FILE", "ZephonTrainer"]
 
 
 class ZephonTrainer(Trainer):
@@ -74,11 +74,7 @@ class ZephonTrainer(Trainer):
                 raise ConfigError(f"resume_from_checkpoint=True but {self.args.output_dir} "
                                   "holds no checkpoint-* directory")
         if path:
-            state_file = os.path.join(path, STATE_FILE)
-            if not os.path.exists(state_file):
-                raise ConfigError(f"{path} has no {STATE_FILE}; it was not written by "
-                                  "ZephonTrainer, so the data position cannot be restored")
-            self._zephon().load_state_dict(codec.decode(codec.read_bytes(state_file)))
+            self._zephon().load_state_dict(read_state(path))
             self._zephon_rng_from = path
         return super().train(path or None, *args, **kwargs)
 
@@ -87,6 +83,5 @@ class ZephonTrainer(Trainer):
         # the state right after the batches the saved optimizer steps consumed
         state = self._zephon().checkpoint(served=self._zephon_served)  # a round on every rank
         if self.args.should_save:
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            out = os.path.join(self._get_output_dir(trial=trial), folder, STATE_FILE)
-            codec.write_atomic(out, codec.encode(state))
+            write_state(step_dir(self._get_output_dir(trial=trial), self.state.global_step),
+                        state)

@@ -1,0 +1,74 @@
+"""One rank of a multi-process HF Trainer run, launched by torchrun from the tests.
+
+Writes ``<record>.rank<r>.json`` with the batch fingerprints this rank's model saw and
+the logged losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import logging
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # hf_helpers, helpers
+
+import torch.distributed as dist  # noqa: E402
+from hf_helpers import CrashAt, LossLog, make_pipeline, tiny_model  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from zephon_integrations.hf import ZephonCallback, ZephonTrainer  # noqa: E402
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--record", required=True)
+    ap.add_argument("--max-steps", type=int, required=True)
+    ap.add_argument("--resume", default="")
+    ap.add_argument("--gas", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--dispatch", type=int, default=1)
+    ap.add_argument("--split", type=int, default=0)
+    ap.add_argument("--crash-at", type=int, default=0)
+    ap.add_argument("--path", choices=["callback", "trainer"], default="callback")
+    ap.add_argument("--batch-size", type=int, default=4)
+    a = ap.parse_args()
+    rank_env = os.environ.get("RANK", "0")
+    stacks = open(f"{a.record}.rank{rank_env}.stacks", "w")  # noqa: SIM115 - lives until exit
+    faulthandler.dump_traceback_later(240, exit=True, file=stacks)  # a hang shows every stack
+
+    model = tiny_model()
+    losses = LossLog()
+    callbacks = [losses] + ([CrashAt(a.crash_at)] if a.crash_at else [])
+    args = TrainingArguments(
+        output_dir=a.out, max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
+        gradient_accumulation_steps=a.gas, save_steps=3, logging_steps=1, report_to=[],
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=a.workers,
+        accelerator_config={"dispatch_batches": bool(a.dispatch),
+                            "split_batches": bool(a.split)})
+    if a.path == "callback":
+        zephon = ZephonCallback(make_pipeline)
+        trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
+                          callbacks=[zephon] + callbacks)
+    else:
+        trainer = ZephonTrainer(model=model, args=args, pipeline=make_pipeline,
+                                callbacks=callbacks)
+    resume = {"": None, "true": True}.get(a.resume, a.resume)
+    trainer.train(resume_from_checkpoint=resume)
+    rank = args.process_index
+    with open(f"{a.record}.rank{rank}.json", "w") as f:
+        json.dump({"rank": rank, "world": args.world_size, "seen": model.seen,
+                   "losses": losses.losses}, f)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Two ranks over gloo under torchrun: ZephonCallback (accelerate dispatching or
+sharding) and ZephonTrainer (per-rank lanes).
+
+Every rank sees exactly the global Zephon positions it is owed (rank ``r`` of ``P``
+takes global batch ``P*i + r``, or its slice of batch ``i`` with ``split_batches``), no
+batch is seen twice across ranks, a resume at step 6 continues every rank's stream
+and loss exactly, and the 2-process checkpoint resumes on one process at the same
+global position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hf_helpers import make_pipeline, reference, reference_rows, tiny_model
+from transformers import Trainer, TrainingArguments
+
+from zephon_integrations.hf import ZephonCallback, ZephonTrainer
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+WORKER = Path(__file__).with_name("hf_dist_worker.py")
+RANKS = 2
+STEPS, CRASH = 8, 6
+
+
+def launch(tmp: Path, name: str, out: str, *, steps: int = STEPS, **opts) -> list[dict]:
+    """Run the worker on ``RANKS`` processes; returns each rank's record."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={RANKS}", str(WORKER), "--out", str(tmp / out),
+           "--record", str(tmp / name), "--max-steps", str(steps)]
+    for k, v in opts.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        failure = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    except subprocess.TimeoutExpired:
+        failure = "timed out"
+    if failure:
+        stacks = "\n".join(p.read_text() for p in sorted(tmp.glob(f"{name}.rank*.stacks")))
+        raise AssertionError(f"torchrun {name} failed, {failure}\n{stacks}")
+    records = [json.loads((tmp / f"{name}.rank{r}.json").read_text()) for r in range(RANKS)]
+    assert [r["world"] for r in records] == [RANKS] * RANKS
+    return records
+
+
+CASES = {
+    # default accelerate: rank 0 reads the global stream and dispatches
+    "callback-dispatch": dict(path="callback", dispatch=1, gas=1),
+    # dispatch_batches=False: IterableDatasetShard; each rank reads its own lanes
+    "callback-shard": dict(path="callback", dispatch=0, gas=2, workers=2),
+    # split_batches: one global batch per micro-step, each rank takes half of its rows
+    "callback-dispatch-split": dict(path="callback", dispatch=1, split=1, gas=1),
+    "callback-shard-split": dict(path="callback", dispatch=0, split=1, gas=1),
+    # the per-rank Trainer subclass
+    "trainer": dict(path="trainer", gas=2),
+}
+
+
+def expected(case: dict, micro_steps: int) -> list[list[str]]:
+    """What each rank owes to see in its first ``micro_steps`` micro-steps."""
+    if case.get("split"):
+        half = 4 // RANKS
+        return [reference_rows(micro_steps, slice(r * half, (r + 1) * half))
+                for r in range(RANKS)]
+    ref = reference(micro_steps * RANKS)
+    return [ref[r::RANKS] for r in range(RANKS)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_two_ranks_resume_exactly(tmp_path, name):
+    case = CASES[name]
+    gas = case["gas"]
+    full = launch(tmp_path, "full", "a", **case)
+    owed = expected(case, STEPS * gas)
+    for rank, rec in enumerate(full):
+        assert rec["seen"] == owed[rank], f"rank {rank} did not get its global positions"
+    if not case.get("split"):
+        seen = [fp for rec in full for fp in rec["seen"]]
+        assert len(set(seen)) == len(seen)  # no batch reaches two ranks
+
+    first = launch(tmp_path, "first", "b", crash_at=CRASH, **case)
+    tail = launch(tmp_path, "tail", "b", resume="true", **case)
+    for rank in range(RANKS):
+        assert first[rank]["seen"] == full[rank]["seen"][:CRASH * gas]
+        assert tail[rank]["seen"] == full[rank]["seen"][CRASH * gas:]
+        assert tail[rank]["losses"] == full[rank]["losses"][CRASH:]
+
+
+@pytest.mark.parametrize("name", ["callback-dispatch", "trainer"])
+def test_two_rank_checkpoint_resumes_on_one_process(tmp_path, name):
+    case = CASES[name]
+    gas = case["gas"]
+    launch(tmp_path, "first", "b", crash_at=CRASH, **case)
+    ckpt = tmp_path / "b" / f"checkpoint-{CRASH}"
+    moved = tmp_path / "single" / ckpt.name
+    shutil.copytree(ckpt, moved)
+    model = tiny_model()
+    args = TrainingArguments(output_dir=str(tmp_path / "single"), max_steps=STEPS,
+                             per_device_train_batch_size=4, gradient_accumulation_steps=gas,
+                             save_steps=3, report_to=[], use_cpu=True, disable_tqdm=True)
+    if case["path"] == "callback":
+        zephon = ZephonCallback(make_pipeline)
+        trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
+                          callbacks=[zephon])
+    else:
+        trainer = ZephonTrainer(model=model, args=args, pipeline=make_pipeline)
+    trainer.train(resume_from_checkpoint=str(moved))
+    consumed = CRASH * gas * RANKS  # global batches both ranks took before the save
+    remaining = (STEPS - CRASH) * gas
+    assert model.seen == reference(consumed + remaining)[consumed:]
+
+
+def test_one_process_checkpoint_resumes_on_two_ranks_with_own_lanes(tmp_path):
+    """The other direction: each of 2 ranks restores its own lanes from a 1-process state."""
+    case = CASES["callback-shard"]
+    gas = case["gas"]
+    model = tiny_model()
+    args = TrainingArguments(output_dir=str(tmp_path / "b"), max_steps=CRASH,
+                             per_device_train_batch_size=4, gradient_accumulation_steps=gas,
+                             save_steps=CRASH, report_to=[], use_cpu=True, disable_tqdm=True)
+    zephon = ZephonCallback(make_pipeline)
+    Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
+            callbacks=[zephon]).train()
+    tail = launch(tmp_path, "tail", "c", resume=str(tmp_path / "b" / f"checkpoint-{CRASH}"),
+                  **case)
+    consumed = CRASH * gas  # global batches the single process took
+    ref = reference(consumed + (STEPS - CRASH) * gas * RANKS)[consumed:]
+    for rank in range(RANKS):
+        assert tail[rank]["seen"] == ref[rank::RANKS]

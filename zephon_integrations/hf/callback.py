@@ -1,0 +1,208 @@
+"""ZephonCallback: exact resume of a Zephon pipeline under an unmodified ``Trainer``.
+
+What it takes care of (transformers 5.x / accelerate traps, see SPEC §8):
+
+* On resume the Trainer reads and discards ``global_step x GAS`` batches; the callback
+  switches that off (``ignore_data_skip``) in ``on_init_end``, and moves
+  ``dataloader_num_workers`` onto Zephon's own loader (the Trainer's workers would each
+  run the whole stream).
+* accelerate always re-wraps the Trainer's loader. The callback reads the wrapper in
+  ``on_train_begin`` and serves exactly what each rank is owed:
+
+  - ``DataLoaderDispatcher`` (the default): rank 0 reads the global stream and sends
+    rank ``r`` every ``r``-th batch; the other ranks read nothing.
+  - ``IterableDatasetShard`` (``dispatch_batches=False``): each rank serves only its
+    own Zephon lanes (see ``rows.py``); states merge in an aggregation round.
+
+* Every wrapper reads ahead (one micro-step, plus GAS batches per optimizer step), so
+  the state saved is computed from ``global_step``, not from what was read.
+* ``on_save`` runs after ``checkpoint-N/`` is complete; rank 0 writes the merged state
+  there atomically. ``on_train_begin`` finds the directory a resume starts from and
+  restores it before the first batch is read; the Trainer's RNG state is restored
+  again at the first resumed step, because the loader iterators it creates on resume
+  draw from the global RNG after the Trainer's own restore.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import TrainerCallback
+
+from zephon_core import ConfigError, Pipeline
+from zephon_core.ops import BatchOp, PackOp
+
+from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
+from .rows import Feed, ZephonRows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How accelerate hands this process its batches."""
+
+    reads: bool  # this process iterates the Zephon stream
+    own_lanes: bool  # it reads only its own lanes (else: the global stream)
+    num_processes: int
+    process_index: int
+    rows_per_micro_step: int  # rows this process reads per micro-step
+
+
+class ZephonCallback(TrainerCallback):
+    """Feeds a ``transformers.Trainer`` from a Zephon pipeline with exact resume.
+
+    Example::
+
+        zephon = ZephonCallback(build_pipeline)
+        trainer = Trainer(model=model, args=TrainingArguments(..., max_steps=1000),
+                          train_dataset=zephon.train_dataset, callbacks=[zephon])
+        trainer.train()                              # later: resume_from_checkpoint=True
+
+    The pipeline's ``batch(batch_size=B)`` must equal ``per_device_train_batch_size``.
+
+    Args:
+        pipeline: a Pipeline or a zero-argument factory returning one.
+        num_workers: Zephon DataLoader workers of the reading process; default: the
+            Trainer's ``dataloader_num_workers``, which is then set to 0 (evaluation
+            loaders run without workers too).
+        resume_from: the checkpoint directory to restore from, when it is neither the
+            one given to ``train(resume_from_checkpoint=...)`` nor in ``output_dir``.
+    """
+
+    def __init__(self, pipeline: Pipeline | Callable[[], Pipeline], *,
+                 num_workers: int | None = None, resume_from: str | None = None):
+        self._factory = pipeline
+        self.num_workers = num_workers
+        self.resume_from = resume_from
+        self.train_dataset = ZephonRows()
+        self.pipeline: Pipeline | None = None  # this process's pipeline in the running train()
+        self._layout: _Layout | None = None
+        self._start_step = 0
+        self._outputs_per_micro_step = 0
+        self._rng_from: str | None = None
+
+    # -- setup --------------------------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.max_steps is None or args.max_steps <= 0:
+            raise ConfigError("a Zephon stream has no length: set TrainingArguments(max_steps=...)")
+        if args.auto_find_batch_size:
+            raise ConfigError("auto_find_batch_size changes the batch size; Zephon's is fixed by "
+                              "the pipeline's batch(): set auto_find_batch_size=False")
+        args.ignore_data_skip = True  # never read and throw away batches on resume
+        if args.dataloader_num_workers:
+            if self.num_workers is None:
+                self.num_workers = args.dataloader_num_workers
+            log.info("ZephonCallback: %d DataLoader workers run inside Zephon's loader",
+                     args.dataloader_num_workers)
+            args.dataloader_num_workers = 0
+            args.dataloader_prefetch_factor = None
+            args.dataloader_persistent_workers = False
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
+                       **kwargs: Any) -> None:
+        if not args.ignore_data_skip or args.dataloader_num_workers:
+            raise ConfigError("ZephonCallback must be given to Trainer(callbacks=[...]) at "
+                              "construction (not add_callback) so it can set ignore_data_skip "
+                              "and take over dataloader_num_workers before the loader is built")
+        layout = _read_layout(train_dataloader, self.train_dataset, args.train_batch_size)
+        self._layout = layout
+        self._start_step = state.global_step
+        restore = None
+        if state.global_step > 0:  # the Trainer loaded a checkpoint's trainer_state.json
+            path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
+            self._rng_from = path
+            restore = read_state(path) if layout.reads else None
+        if layout.own_lanes:
+            pipe = Pipeline.for_rank(self._factory, layout.process_index, layout.num_processes)
+        else:  # the global stream, whatever the process group says
+            pipe = Pipeline.for_rank(self._factory, 0, 1).bind(rank=0, world_size=1)
+        rows = _rows_per_output(pipe, args.train_batch_size, layout)  # checked on every rank
+        if not layout.reads:
+            self.pipeline = None
+            self.train_dataset.feed = Feed(loader=None)
+            return
+        if restore is not None:
+            pipe.load_state_dict(restore)
+        self._outputs_per_micro_step = layout.rows_per_micro_step // rows
+        # accelerate and the Trainer read at most one micro-step ahead of training
+        read_ahead = 2 * self._outputs_per_micro_step + 16
+        loader = pipe.dataloader(num_workers=self.num_workers or 0, max_read_ahead=read_ahead)
+        self.pipeline = pipe
+        self.train_dataset.feed = Feed(
+            loader=loader, rows_per_output=rows,
+            slots=layout.num_processes if layout.own_lanes else 1,
+            slot=layout.process_index if layout.own_lanes else 0,
+            slot_rows=args.train_batch_size)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._rng_from is not None:
+            # the RNG as saved with the checkpoint, at the point the uninterrupted run
+            # reached it: after the resumed loader iterators drew their seeds
+            restore_rng(self._rng_from, args.process_index, args.world_size)
+            self._rng_from = None
+
+    # -- saving -------------------------------------------------------------------------
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        layout = self._layout
+        if layout is None or self.pipeline is None:
+            return  # a rank that reads nothing holds no state
+        if not (layout.own_lanes or args.should_save):
+            return  # every reader of the global stream holds the same state
+        consumed = ((state.global_step - self._start_step) * args.gradient_accumulation_steps
+                    * self._outputs_per_micro_step)
+        # own lanes: an aggregation round on every rank; then rank 0 writes
+        merged = self.pipeline.checkpoint(served=consumed)
+        if args.should_save:
+            write_state(step_dir(args.output_dir, state.global_step), merged)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.train_dataset.close()
+        if self.pipeline is not None:
+            self.pipeline.close()
+        self.pipeline = self._layout = None
+
+
+def _read_layout(loader: Any, rows: ZephonRows, batch_size: int) -> _Layout:
+    from accelerate.data_loader import DataLoaderDispatcher, IterableDatasetShard
+
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(loader, DataLoaderDispatcher) and dataset is rows:
+        n, i = loader.state.num_processes, loader.state.process_index
+        per_step = batch_size if loader.split_batches else batch_size * n
+        return _Layout(reads=i == 0, own_lanes=False, num_processes=n, process_index=i,
+                       rows_per_micro_step=per_step)
+    if isinstance(dataset, IterableDatasetShard) and dataset.dataset is rows:
+        n, i = dataset.num_processes, dataset.process_index
+        if dataset.split_batches:  # every rank reads the global batch and keeps a slice
+            return _Layout(reads=True, own_lanes=False, num_processes=n, process_index=i,
+                           rows_per_micro_step=batch_size)
+        return _Layout(reads=True, own_lanes=n > 1, num_processes=n, process_index=i,
+                       rows_per_micro_step=batch_size)
+    if dataset is rows:
+        return _Layout(reads=True, own_lanes=False, num_processes=1, process_index=0,
+                       rows_per_micro_step=batch_size)
+    raise ConfigError("the Trainer's train_dataset is not this callback's: pass "
+                      "Trainer(train_dataset=cb.train_dataset, callbacks=[cb])")
+
+
+def _rows_per_output(pipe: Pipeline, batch_size: int, layout: _Layout) -> int:
+    ops = pipe.operators
+    batches = [op for op in ops if isinstance(op, BatchOp)]
+    if not batches:
+        return 1  # records; the Trainer's collator batches them
+    last = batches[-1]
+    if last.batch_size != batch_size:
+        raise ConfigError(f"the pipeline's batch(batch_size={last.batch_size}) must equal the "
+                          f"Trainer's per-device batch size ({batch_size}): the Trainer "
+                          "regroups Zephon's rows into its own batches")
+    fixed = last.seq_len is not None or (last.pad_to == "max" and
+                                         any(isinstance(op, PackOp) for op in ops))
+    if not fixed and layout.rows_per_micro_step > batch_size:
+        raise ConfigError("accelerate's dispatcher concatenates one batch per process, so "
+                          "batch shapes must not vary: use pack() or batch(seq_len=...), or "
+                          "accelerator_config={'dispatch_batches': False}, or ZephonTrainer")
+    return batch_size

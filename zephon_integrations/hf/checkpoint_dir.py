@@ -1,0 +1,104 @@
+"""Zephon's file inside a Trainer ``checkpoint-N/`` directory, and finding that directory.
+
+Shared by :class:`ZephonCallback` and :class:`ZephonTrainer`: where the merged state
+is written, how a resume locates it, and restoring the Trainer's RNG files (which the
+Trainer itself restores too early once ``ignore_data_skip`` is on, see callers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.trainer_pt_utils import safe_globals
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from zephon_core import ConfigError
+from zephon_core.checkpoint import codec
+
+STATE_FILE = "zephon_state.msgpack.zst"
+
+
+def step_dir(output_dir: str, global_step: int) -> str:
+    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
+
+
+def write_state(checkpoint_dir: str, state: dict[str, Any]) -> str:
+    """Write ``state`` into ``checkpoint_dir`` atomically (a reader never sees half a file)."""
+    if not os.path.isdir(checkpoint_dir):
+        raise ConfigError(f"{checkpoint_dir} does not exist; the Trainer saves elsewhere "
+                          "(hyperparameter search?) and Zephon cannot place its state")
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    codec.write_atomic(path, codec.encode(state))
+    return path
+
+
+def read_state(checkpoint_dir: str) -> dict[str, Any]:
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    if not os.path.exists(path):
+        raise ConfigError(f"{checkpoint_dir} has no {STATE_FILE}; it was not written with "
+                          "ZephonCallback/ZephonTrainer, so the data position cannot be restored")
+    return codec.decode(codec.read_bytes(path))
+
+
+def trainer_resume_arg() -> str | None:
+    """The checkpoint the running ``Trainer.train()`` resumes from, if any.
+
+    Callbacks are not told the path (``train(resume_from_checkpoint=...)`` is not in
+    ``args``), so read it from the Trainer's training-loop frame, where ``True`` has
+    already been resolved to the last ``checkpoint-*`` of ``output_dir``.
+    """
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_inner_training_loop" and \
+                isinstance(frame.f_locals.get("self"), Trainer):
+            path = frame.f_locals.get("resume_from_checkpoint")
+            return path if isinstance(path, (str, os.PathLike)) else None
+        frame = frame.f_back
+    return None
+
+
+def resolve_resume_dir(output_dir: str, global_step: int, explicit: str | None) -> str:
+    """The directory a resume at ``global_step`` restores from.
+
+    Order: an explicit path; the path the Trainer was given; ``checkpoint-<step>`` of
+    ``output_dir``. The directory's ``trainer_state.json`` must be at the same step.
+    """
+    path = explicit or trainer_resume_arg() or step_dir(output_dir, global_step)
+    path = os.fspath(path)
+    trainer_state = os.path.join(path, "trainer_state.json")
+    if os.path.exists(trainer_state):
+        with open(trainer_state) as f:
+            saved_step = json.load(f).get("global_step")
+        if saved_step != global_step:
+            raise ConfigError(f"{path} was saved at step {saved_step} but the Trainer resumes "
+                              f"at step {global_step}; pass the checkpoint the Trainer resumes "
+                              "from (ZephonCallback(resume_from=...))")
+    return path
+
+
+def restore_rng(checkpoint_dir: str, process_index: int, world_size: int) -> bool:
+    """Set python/numpy/torch (and CUDA) RNGs from the Trainer's ``rng_state*.pth``."""
+    name = f"rng_state_{process_index}.pth" if world_size > 1 else "rng_state.pth"
+    path = os.path.join(checkpoint_dir, name)
+    if not os.path.isfile(path):
+        return False
+    with safe_globals():  # the Trainer's own loader settings: numpy RNG state, no code
+        state = torch.load(path, weights_only=True)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if torch.cuda.is_available() and "cuda" in state:
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)):
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
+    return True
