@@ -12,12 +12,19 @@ import json
 import logging
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # hf_helpers, helpers
 
 import torch.distributed as dist  # noqa: E402
-from hf_helpers import CrashAt, LossLog, make_pipeline, tiny_model  # noqa: E402
+from hf_helpers import (  # noqa: E402
+    CrashAt,
+    LossLog,
+    make_pipeline,
+    ragged_pipeline,
+    tiny_model,
+)
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from zephon_integrations.hf import ZephonCallback, ZephonTrainer  # noqa: E402
@@ -38,6 +45,9 @@ def main() -> None:
     ap.add_argument("--crash-at", type=int, default=0)
     ap.add_argument("--path", choices=["callback", "trainer"], default="callback")
     ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--ragged", type=int, default=0)
+    ap.add_argument("--slow-save", type=float, default=0.0, help="rank 0 writes slowly")
+    ap.add_argument("--agg-timeout", type=float, default=300.0)
     a = ap.parse_args()
     rank_env = os.environ.get("RANK", "0")
     stacks = open(f"{a.record}.rank{rank_env}.stacks", "w")  # noqa: SIM115 - lives until exit
@@ -52,12 +62,25 @@ def main() -> None:
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=a.workers,
         accelerator_config={"dispatch_batches": bool(a.dispatch),
                             "split_batches": bool(a.split)})
+    def build():
+        pipe = (ragged_pipeline if a.ragged else make_pipeline)()
+        pipe.aggregate_timeout_s = a.agg_timeout
+        return pipe
+
+    if a.slow_save and os.environ.get("RANK") == "0":  # stands for a large model's files
+        save_model = Trainer.save_model
+
+        def slow_save_model(self, *args, **kwargs):
+            time.sleep(a.slow_save)
+            return save_model(self, *args, **kwargs)
+
+        Trainer.save_model = slow_save_model
     if a.path == "callback":
-        zephon = ZephonCallback(make_pipeline)
+        zephon = ZephonCallback(build)
         trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
                           callbacks=[zephon] + callbacks)
     else:
-        trainer = ZephonTrainer(model=model, args=args, pipeline=make_pipeline,
+        trainer = ZephonTrainer(model=model, args=args, pipeline=build,
                                 callbacks=callbacks)
     resume = {"": None, "true": True}.get(a.resume, a.resume)
     trainer.train(resume_from_checkpoint=resume)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from helpers import reference_pipeline
+from helpers import byte_tokenize, reference_pipeline, source
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from zephon_core import Pipeline
@@ -23,6 +23,13 @@ def fingerprint(batch: dict) -> str:
 
 def make_pipeline() -> Pipeline:
     return reference_pipeline(lanes=4)
+
+
+def ragged_pipeline() -> Pipeline:
+    """Batches padded to their longest row: shapes vary from batch to batch."""
+    return (Pipeline(source(8), canonical_replicas=4, flush_every_k_chunks=2, seed=11)
+            .fetch().map(byte_tokenize, name="tokenize").split(max_len=128)
+            .shuffle(buffer_size=16).batch(batch_size=4, pad_to="longest"))
 
 
 def reference(n: int) -> list[str]:

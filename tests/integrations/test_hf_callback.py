@@ -102,7 +102,7 @@ def test_missing_state_is_a_clear_error(tmp_path):
 
 
 def test_batch_size_mismatch_and_missing_max_steps_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="batch_size=4.*per-device batch size \\(8\\)"):
+    with pytest.raises(ConfigError, match="batch_size=4.*train_batch_size=8"):
         run(tmp_path / "a", 3, batch_size=8)
     with pytest.raises(ConfigError, match="max_steps"):
         Trainer(model=tiny_model(), callbacks=[ZephonCallback(make_pipeline)],
@@ -140,11 +140,37 @@ def test_trainer_workers_move_into_zephon(tmp_path):
     assert trainer.args.ignore_data_skip
 
 
-def test_variable_width_batches_cannot_be_dispatched():
-    layout = callback_module._Layout(reads=True, own_lanes=False, num_processes=2,
-                                     process_index=0, rows_per_micro_step=8)
+def test_batch_shapes_are_known_before_training():
     ragged = make_pipeline().description()
     ragged._ops = ragged.operators[:-4] + (type(ragged.operators[-1])(4, pad_to="longest"),)
-    with pytest.raises(ConfigError, match="dispatch_batches"):
-        callback_module._rows_per_output(ragged, 4, layout)
-    assert callback_module._rows_per_output(make_pipeline(), 4, layout) == 4
+    assert not callback_module._fixed_shape(ragged)  # dispatching it is refused (2 ranks)
+    assert callback_module._fixed_shape(make_pipeline())
+    assert callback_module._rows_per_output(make_pipeline(), 4) == 4
+    with pytest.raises(ConfigError, match="train_batch_size=8"):
+        callback_module._rows_per_output(make_pipeline(), 8)
+
+
+def test_checkpointing_off_is_refused_before_training(tmp_path):
+    def untracked():
+        p = make_pipeline().description()
+        p.checkpointing = False
+        return p
+    with pytest.raises(ConfigError, match="checkpointing=False"):
+        run(tmp_path / "a", 3, pipeline=untracked)
+
+
+def test_sharded_ranks_read_own_lanes_only_when_an_output_is_a_batch():
+    from types import SimpleNamespace
+
+    from accelerate.data_loader import IterableDatasetShard
+
+    rows = ZephonCallback(make_pipeline).train_dataset
+    for split in (False, True):
+        shard = IterableDatasetShard(rows, batch_size=4, num_processes=2, process_index=1,
+                                     split_batches=split)
+        loader = SimpleNamespace(dataset=shard)
+        batched = callback_module._read_layout(loader, rows, 4, batched=True)
+        records = callback_module._read_layout(loader, rows, 4, batched=False)
+        assert batched.own_lanes is not split and batched.process_index == 1
+        # records: every rank reads the global stream and the shard keeps its slice
+        assert not records.own_lanes and records.reads

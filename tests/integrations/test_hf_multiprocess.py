@@ -22,7 +22,9 @@ import pytest
 from hf_helpers import make_pipeline, reference, reference_rows, tiny_model
 from transformers import Trainer, TrainingArguments
 
+from zephon_core import Pipeline
 from zephon_integrations.hf import ZephonCallback, ZephonTrainer
+from zephon_integrations.hf.checkpoint_dir import STATE_FILE
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -31,8 +33,9 @@ RANKS = 2
 STEPS, CRASH = 8, 6
 
 
-def launch(tmp: Path, name: str, out: str, *, steps: int = STEPS, **opts) -> list[dict]:
-    """Run the worker on ``RANKS`` processes; returns each rank's record."""
+def torchrun(tmp: Path, name: str, out: str, steps: int, opts: dict
+             ) -> subprocess.CompletedProcess | None:
+    """Run the worker on ``RANKS`` processes (None: it hung and was killed)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={RANKS}", str(WORKER), "--out", str(tmp / out),
            "--record", str(tmp / name), "--max-steps", str(steps)]
@@ -40,11 +43,17 @@ def launch(tmp: Path, name: str, out: str, *, steps: int = STEPS, **opts) -> lis
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        failure = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
-        failure = "timed out"
-    if failure:
+        return None
+
+
+def launch(tmp: Path, name: str, out: str, *, steps: int = STEPS, **opts) -> list[dict]:
+    """Run the worker on ``RANKS`` processes; returns each rank's record."""
+    proc = torchrun(tmp, name, out, steps, opts)
+    if proc is None or proc.returncode != 0:
+        failure = ("timed out" if proc is None else
+                   f"exit {proc.returncode}: {proc.stderr[-3000:]}")
         stacks = "\n".join(p.read_text() for p in sorted(tmp.glob(f"{name}.rank*.stacks")))
         raise AssertionError(f"torchrun {name} failed, {failure}\n{stacks}")
     records = [json.loads((tmp / f"{name}.rank{r}.json").read_text()) for r in range(RANKS)]
@@ -130,9 +139,31 @@ def test_one_process_checkpoint_resumes_on_two_ranks_with_own_lanes(tmp_path):
     zephon = ZephonCallback(make_pipeline)
     Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
             callbacks=[zephon]).train()
+    saved = Pipeline.load(tmp_path / "b" / f"checkpoint-{CRASH}" / STATE_FILE)
+    assert saved["position"] == CRASH * gas  # the global batches the single process took
     tail = launch(tmp_path, "tail", "c", resume=str(tmp_path / "b" / f"checkpoint-{CRASH}"),
                   **case)
     consumed = CRASH * gas  # global batches the single process took
     ref = reference(consumed + (STEPS - CRASH) * gas * RANKS)[consumed:]
     for rank in range(RANKS):
         assert tail[rank]["seen"] == ref[rank::RANKS]
+
+
+def test_dispatching_ragged_batches_fails_on_every_rank_before_training(tmp_path):
+    """accelerate would concatenate batches of different widths on rank 0 only; the
+    callback refuses on every rank at train begin, so no rank waits in a collective."""
+    proc = torchrun(tmp_path, "ragged", "a", STEPS, dict(ragged=1, dispatch=1))
+    assert proc is not None, "a rank hung"
+    assert proc.returncode != 0
+    assert proc.stderr.count("batch shapes must not vary") >= RANKS
+
+
+@pytest.mark.parametrize("path", ["callback", "trainer"])
+def test_rank_zero_writing_a_checkpoint_slowly_does_not_time_out_the_merge(tmp_path, path):
+    """Ranks merge their lane states before the Trainer saves: rank 0 writing the model
+    for longer than the aggregation budget does not leave the others waiting in a round."""
+    opts = dict(path=path, dispatch=0, gas=1, slow_save=4, agg_timeout=2)
+    records = launch(tmp_path, "slow", "a", steps=3, **opts)
+    ref = reference(3 * RANKS)
+    assert [r["seen"] for r in records] == [ref[r::RANKS] for r in range(RANKS)]
+    assert (tmp_path / "a" / "checkpoint-3" / "zephon_state.msgpack.zst").exists()

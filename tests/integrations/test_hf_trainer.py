@@ -77,6 +77,12 @@ def test_missing_state_and_missing_max_steps_are_clear_errors(tmp_path):
         run(tmp_path / "empty", 6, resume=True)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
                                        n_head=2))
+    with pytest.raises(ConfigError, match="collate inside the pipeline"):
+        ZephonTrainer(model=GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=16, n_layer=1,
+                                                       n_head=2)),
+                      args=TrainingArguments(output_dir=str(tmp_path / "x"), max_steps=3,
+                                             use_cpu=True, report_to=[]),
+                      pipeline=make_pipeline, data_collator=lambda rows: rows)
     with pytest.raises(ConfigError, match="max_steps"):
         ZephonTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "x"),
                                                           use_cpu=True, report_to=[]),

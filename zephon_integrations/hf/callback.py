@@ -33,6 +33,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from zephon_core import ConfigError, Pipeline
+from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp, PackOp
 
 from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
@@ -84,6 +85,7 @@ class ZephonCallback(TrainerCallback):
         self._start_step = 0
         self._outputs_per_micro_step = 0
         self._rng_from: str | None = None
+        self._saved: tuple[int, dict[str, Any] | None] | None = None  # (step, merged state)
 
     # -- setup --------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -108,29 +110,44 @@ class ZephonCallback(TrainerCallback):
             raise ConfigError("ZephonCallback must be given to Trainer(callbacks=[...]) at "
                               "construction (not add_callback) so it can set ignore_data_skip "
                               "and take over dataloader_num_workers before the loader is built")
-        layout = _read_layout(train_dataloader, self.train_dataset, args.train_batch_size)
-        self._layout = layout
-        self._start_step = state.global_step
-        restore = None
+        # Everything that can fail is checked on every rank, also ranks that read nothing:
+        # a rank failing alone would leave the others blocked in a collective.
+        pipe = Pipeline.for_rank(self._factory, 0, 1)
+        if not pipe.checkpointing:
+            raise ConfigError("the pipeline was built with checkpointing=False; ZephonCallback "
+                              "needs checkpointing=True to save the data position")
+        rows = _rows_per_output(pipe, args.train_batch_size)
+        layout = _read_layout(train_dataloader, self.train_dataset, args.train_batch_size,
+                              batched=rows > 1)
+        dispatches_several = (layout.num_processes > 1 and not layout.own_lanes
+                              and layout.rows_per_micro_step > args.train_batch_size)
+        if rows > 1 and dispatches_several and not _fixed_shape(pipe):
+            raise ConfigError("accelerate's dispatcher concatenates one batch per process, so "
+                              "batch shapes must not vary: use pack() or batch(seq_len=...), "
+                              "or accelerator_config={'dispatch_batches': False}, or "
+                              "ZephonTrainer")
+        if layout.own_lanes:  # TP/CP peers share a data-parallel index and get the same lanes
+            pipe.bind(rank=args.process_index, world_size=args.world_size,
+                      dp_rank=layout.process_index, dp_size=layout.num_processes)
+        else:  # the global stream, whatever the process group says
+            pipe.bind(rank=0, world_size=1)
+        workers = self.num_workers or 0
+        validate(pipe.canonical_replicas, pipe.topology().dp_size, workers)
+        self._layout, self._start_step, self._saved = layout, state.global_step, None
         if state.global_step > 0:  # the Trainer loaded a checkpoint's trainer_state.json
             path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
+            pipe.load_state_dict(read_state(path))
             self._rng_from = path
-            restore = read_state(path) if layout.reads else None
-        if layout.own_lanes:
-            pipe = Pipeline.for_rank(self._factory, layout.process_index, layout.num_processes)
-        else:  # the global stream, whatever the process group says
-            pipe = Pipeline.for_rank(self._factory, 0, 1).bind(rank=0, world_size=1)
-        rows = _rows_per_output(pipe, args.train_batch_size, layout)  # checked on every rank
         if not layout.reads:
             self.pipeline = None
             self.train_dataset.feed = Feed(loader=None)
             return
-        if restore is not None:
-            pipe.load_state_dict(restore)
         self._outputs_per_micro_step = layout.rows_per_micro_step // rows
-        # accelerate and the Trainer read at most one micro-step ahead of training
-        read_ahead = 2 * self._outputs_per_micro_step + 16
-        loader = pipe.dataloader(num_workers=self.num_workers or 0, max_read_ahead=read_ahead)
+        # accelerate and the Trainer read at most one micro-step ahead of training; the
+        # undo history counts turns, and every lane of this process may add a skip turn
+        lanes = pipe.canonical_replicas // pipe.topology().dp_size
+        read_ahead = (2 * self._outputs_per_micro_step + 16) * lanes
+        loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead)
         self.pipeline = pipe
         self.train_dataset.feed = Feed(
             loader=loader, rows_per_output=rows,
@@ -146,63 +163,87 @@ class ZephonCallback(TrainerCallback):
             self._rng_from = None
 
     # -- saving -------------------------------------------------------------------------
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Merge before the Trainer saves: rank 0 may then spend minutes writing the model
+        # while the other ranks would wait for it inside the aggregation round.
+        if control.should_save:
+            self._saved = (state.global_step, self._merged_state(args, state))
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        saved = self._saved
+        if saved is not None and saved[0] == state.global_step:
+            merged = saved[1]
+        else:  # a save decided after the step (e.g. save_strategy="best")
+            merged = self._merged_state(args, state)
+        self._saved = None
+        if merged is not None and args.should_save:
+            write_state(step_dir(args.output_dir, state.global_step), merged)
+
+    def _merged_state(self, args: Any, state: Any) -> dict[str, Any] | None:
         layout = self._layout
         if layout is None or self.pipeline is None:
-            return  # a rank that reads nothing holds no state
+            return None  # a rank that reads nothing holds no state
         if not (layout.own_lanes or args.should_save):
-            return  # every reader of the global stream holds the same state
+            return None  # every reader of the global stream holds the same state
         consumed = ((state.global_step - self._start_step) * args.gradient_accumulation_steps
                     * self._outputs_per_micro_step)
-        # own lanes: an aggregation round on every rank; then rank 0 writes
-        merged = self.pipeline.checkpoint(served=consumed)
-        if args.should_save:
-            write_state(step_dir(args.output_dir, state.global_step), merged)
+        # own lanes: an aggregation round on every rank
+        return self.pipeline.checkpoint(served=consumed)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.train_dataset.close()
         if self.pipeline is not None:
             self.pipeline.close()
-        self.pipeline = self._layout = None
+        self.pipeline = self._layout = self._saved = None
 
 
-def _read_layout(loader: Any, rows: ZephonRows, batch_size: int) -> _Layout:
+def _read_layout(loader: Any, rows: ZephonRows, batch_size: int, batched: bool) -> _Layout:
     from accelerate.data_loader import DataLoaderDispatcher, IterableDatasetShard
 
     dataset = getattr(loader, "dataset", None)
     if isinstance(loader, DataLoaderDispatcher) and dataset is rows:
+        if getattr(loader, "submesh_tp", None) is not None:
+            raise ConfigError("accelerate dispatches one batch to all tensor-parallel ranks; "
+                              "use accelerator_config={'dispatch_batches': False} or "
+                              "ZephonTrainer with tensor parallelism")
         n, i = loader.state.num_processes, loader.state.process_index
         per_step = batch_size if loader.split_batches else batch_size * n
         return _Layout(reads=i == 0, own_lanes=False, num_processes=n, process_index=i,
                        rows_per_micro_step=per_step)
     if isinstance(dataset, IterableDatasetShard) and dataset.dataset is rows:
         n, i = dataset.num_processes, dataset.process_index
-        if dataset.split_batches:  # every rank reads the global batch and keeps a slice
-            return _Layout(reads=True, own_lanes=False, num_processes=n, process_index=i,
-                           rows_per_micro_step=batch_size)
-        return _Layout(reads=True, own_lanes=n > 1, num_processes=n, process_index=i,
+        # A rank serves its own lanes only when one Zephon output is one per-device batch;
+        # otherwise (split batches, unbatched records) every rank reads the global stream
+        # and the shard keeps its slice.
+        own = n > 1 and batched and not dataset.split_batches
+        return _Layout(reads=True, own_lanes=own, num_processes=n, process_index=i,
                        rows_per_micro_step=batch_size)
     if dataset is rows:
         return _Layout(reads=True, own_lanes=False, num_processes=1, process_index=0,
                        rows_per_micro_step=batch_size)
-    raise ConfigError("the Trainer's train_dataset is not this callback's: pass "
-                      "Trainer(train_dataset=cb.train_dataset, callbacks=[cb])")
+    raise ConfigError("the Trainer's train_dataset is not this callback's (or accelerate "
+                      f"wrapped it as {type(loader).__name__}, which Zephon does not know): "
+                      "pass Trainer(train_dataset=cb.train_dataset, callbacks=[cb])")
 
 
-def _rows_per_output(pipe: Pipeline, batch_size: int, layout: _Layout) -> int:
+def _rows_per_output(pipe: Pipeline, batch_size: int) -> int:
+    batches = [op for op in pipe.operators if isinstance(op, BatchOp)]
+    if not batches:
+        return 1  # records; the Trainer's collator batches them
+    if batches[-1].batch_size != batch_size:
+        raise ConfigError(f"the pipeline's batch(batch_size={batches[-1].batch_size}) must "
+                          f"equal the Trainer's batch size per process (train_batch_size="
+                          f"{batch_size}): the Trainer regroups Zephon's rows into its own "
+                          "batches")
+    return batch_size
+
+
+def _fixed_shape(pipe: Pipeline) -> bool:
+    """Whether every output has the same shape (batches padded to a fixed width)."""
     ops = pipe.operators
     batches = [op for op in ops if isinstance(op, BatchOp)]
     if not batches:
-        return 1  # records; the Trainer's collator batches them
+        return False
     last = batches[-1]
-    if last.batch_size != batch_size:
-        raise ConfigError(f"the pipeline's batch(batch_size={last.batch_size}) must equal the "
-                          f"Trainer's per-device batch size ({batch_size}): the Trainer "
-                          "regroups Zephon's rows into its own batches")
-    fixed = last.seq_len is not None or (last.pad_to == "max" and
-                                         any(isinstance(op, PackOp) for op in ops))
-    if not fixed and layout.rows_per_micro_step > batch_size:
-        raise ConfigError("accelerate's dispatcher concatenates one batch per process, so "
-                          "batch shapes must not vary: use pack() or batch(seq_len=...), or "
-                          "accelerator_config={'dispatch_batches': False}, or ZephonTrainer")
-    return batch_size
+    return last.seq_len is not None or (last.pad_to == "max" and
+                                        any(isinstance(op, PackOp) for op in ops))

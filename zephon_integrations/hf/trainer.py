@@ -35,6 +35,10 @@ class ZephonTrainer(Trainer):
     """
 
     def __init__(self, *args: Any, pipeline: Pipeline | Callable[[], Pipeline], **kwargs: Any):
+        if kwargs.get("data_collator") is not None:
+            raise ConfigError("ZephonTrainer feeds the pipeline's batches to the model as they "
+                              "are; collate inside the pipeline (a map after batch) or use "
+                              "ZephonCallback with an unmodified Trainer")
         super().__init__(*args, **kwargs)
         if self.args.max_steps is None or self.args.max_steps <= 0:
             raise ConfigError("a Zephon stream has no length: set TrainingArguments(max_steps=...)")
@@ -79,9 +83,11 @@ class ZephonTrainer(Trainer):
         return super().train(path or None, *args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
-        # the state right after the batches the saved optimizer steps consumed
+        # the state right after the batches the saved optimizer steps consumed; merged
+        # before saving, as rank 0 may then spend minutes writing the model while the
+        # other ranks would wait for it inside the aggregation round
         state = self._zephon().checkpoint(served=self._zephon_served)  # a round on every rank
+        super()._save_checkpoint(model, trial)
         if self.args.should_save:
             write_state(step_dir(self._get_output_dir(trial=trial), self.state.global_step),
                         state)
