@@ -12,10 +12,12 @@ import bench_core  # noqa: E402
 import bench_distributed  # noqa: E402
 import bench_hf  # noqa: E402
 import bench_hf_trainer  # noqa: E402
+import bench_runners  # noqa: E402
 import bench_vs_grain  # noqa: E402
 
 if __name__ == "__main__":
     print(json.dumps({"vs_grain": bench_vs_grain.main(), "core": bench_core.main(),
                       "distributed": bench_distributed.main(), "hf_fetch": bench_hf.main(),
-                      "hf_trainer_data_path": bench_hf_trainer.main()},
+                      "hf_trainer_data_path": bench_hf_trainer.main(),
+                      "runners_gil_bound_map": bench_runners.main()},
                      indent=2))

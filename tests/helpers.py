@@ -47,3 +47,16 @@ def reference_pipeline(*, lanes: int = 4, k: int | None = 2, chunk_size: int = 8
             .shuffle(buffer_size=16)
             .ensure_mixture(window=8)
             .batch(batch_size=batch_size))
+
+
+class FailingTokenizer:
+    """``byte_tokenize`` that raises on documents whose id starts with ``prefix``
+    (picklable, for worker processes)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __call__(self, payload: dict) -> dict:
+        if payload["id"].startswith(self.prefix):
+            raise ValueError(f"cannot tokenize {payload['id']}")
+        return byte_tokenize(payload)

@@ -43,6 +43,9 @@ class _TombstonePayload:
     def __repr__(self) -> str:
         return "<tombstone>"
 
+    def __reduce__(self) -> str:
+        return "TOMBSTONE"  # stays the singleton across processes (runner=processes)
+
 
 TOMBSTONE: Any = _TombstonePayload()
 

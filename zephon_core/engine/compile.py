@@ -6,13 +6,15 @@
   named after its neighbour;
 * operators are grouped into stages: runs of stateless order-keeping
   operators with parallelism > 1 form a ``threads`` stage working on
-  microbatches; everything else runs ``inline``, item by item.
+  microbatches, or a ``processes`` stage when they ask for
+  ``runner="processes"``; everything else runs ``inline``, item by item.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import pickle
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +34,16 @@ DEFAULT_K = 4
 
 @dataclass(frozen=True)
 class Stage:
-    runner: str              # "threads" | "inline"
+    runner: str              # "threads" | "processes" | "inline"
     ops: tuple[Operator, ...]
 
     @property
+    def parallel(self) -> bool:
+        return self.runner != "inline"
+
+    @property
     def cap(self) -> int:
-        return sum(op.parallelism for op in self.ops) if self.runner == "threads" else 1
+        return sum(op.parallelism for op in self.ops) if self.parallel else 1
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,9 @@ class Plan:
     def explain(self) -> str:
         lines = []
         for i, st in enumerate(self.stages):
-            mode = "microbatches" if st.runner == "threads" else "stream_items"
+            mode = "microbatches" if st.parallel else "stream_items"
             lines.append(f"Stage[{i}] place=local runner={st.runner} cap={st.cap} mode={mode}")
-            sep = f" -[in_q={self.queue_size}]-> " if st.runner == "threads" else " -> "
+            sep = f" -[in_q={self.queue_size}]-> " if st.parallel else " -> "
             lines.append("  " + sep.join(op.label() for op in st.ops))
             if i + 1 < len(self.stages):
                 lines.append(f"  --[stage_out={self.queue_size}]-->")
@@ -90,6 +96,21 @@ def _validate_ops(ops: list[Operator]) -> None:
         if p > 1 and not op.traits.stateless:
             raise ConfigError(f"operator {op.name!r} keeps state, so it cannot run with "
                               f"parallelism={p}; use parallelism=1")
+        runner = getattr(op, "runner", "threads")
+        if runner not in ("threads", "processes"):
+            raise ConfigError(f"operator {op.name!r}: runner={runner!r}; use 'threads' or "
+                              "'processes'")
+        if runner == "processes":
+            if not (op.traits.stateless and op.traits.preserves_cursor_order):
+                raise ConfigError(f"operator {op.name!r} keeps state or reorders records, so "
+                                  "it cannot run on worker processes; use runner='threads'")
+            try:
+                pickle.dumps(op)
+            except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix
+                raise ConfigError(
+                    f"operator {op.name!r} runs on worker processes but cannot be sent to "
+                    f"them ({type(e).__name__}: {e}); define its function at module level "
+                    "(lambdas and closures do not pickle) or use runner='threads'") from e
     batches = [i for i, op in enumerate(ops) if isinstance(op, BatchOp)]
     if len(batches) > 1:
         raise ConfigError(f"the pipeline has {len(batches)} batch operators; use one batch() "
@@ -150,8 +171,13 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
 
     stages: list[Stage] = []
     for op in ops:
-        runner = "threads" if (op.traits.stateless and op.traits.preserves_cursor_order
-                               and op.parallelism > 1) else "inline"
+        parallel_ok = op.traits.stateless and op.traits.preserves_cursor_order
+        if parallel_ok and getattr(op, "runner", "threads") == "processes":
+            runner = "processes"
+        elif parallel_ok and op.parallelism > 1:
+            runner = "threads"
+        else:
+            runner = "inline"
         if stages and stages[-1].runner == runner:
             stages[-1] = Stage(runner, stages[-1].ops + (op,))
         else:

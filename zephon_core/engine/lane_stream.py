@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from time import perf_counter
 from typing import Any, NamedTuple
 
@@ -35,6 +35,7 @@ from ..sources.chunk import WorkChunk
 from ..tracking.eviction import Delivery, LaneTracker
 from ..tracking.ledger import LaneLedger
 from .compile import Plan, Stage
+from .processes import StagePool
 
 RECS, FLUSH, END = 0, 1, 2
 
@@ -117,10 +118,11 @@ class LaneStream:
     """The producer side of one lane. ``outputs`` is a generator of :class:`Output`."""
 
     def __init__(self, plan: Plan, lane: int, restored: LaneState | None,
-                 pool: Executor | None):
+                 pool: Executor | None, procs: StagePool | None = None):
         self.plan = plan
         self.lane = lane
         self.pool = pool
+        self.procs = procs  # None: processes stages run on the thread pool
         self.source = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
         n_comp = len(plan.source.component_names)
         if restored is not None:
@@ -189,14 +191,27 @@ class LaneStream:
                 yield FLUSH, chunk.chunk_id + 1
 
     # -- stages ----------------------------------------------------------------
-    def _threads_stage(self, stage: Stage, events: Iterator) -> Iterator:
+    def _parallel_stage(self, index: int, stage: Stage, events: Iterator) -> Iterator:
         """Order-preserving parallel map over microbatches, ``queue_size`` ahead."""
-        lane, ops, pool = self.lane, stage.ops, self.pool
+        lane, ops, pool, procs = self.lane, stage.ops, self.pool, self.procs
 
         def job(recs: list[Record]) -> tuple[list[Record], list[Record]]:
             tombs: list[Record] = []
             out = run_ops(ops, recs, lane, tombs)
             return out, tombs
+
+        if stage.runner == "processes" and procs is not None:
+            def submit(recs: list[Record]) -> Future:
+                return procs.submit(index, lane, recs)
+
+            def result(fut: Future) -> tuple[list[Record], list[Record]]:
+                return procs.collect(index, fut)
+        else:
+            def submit(recs: list[Record]) -> Future:
+                return pool.submit(job, recs)
+
+            def result(fut: Future) -> tuple[list[Record], list[Record]]:
+                return fut.result()
 
         pending: deque = deque()
         ahead = self.plan.queue_size
@@ -207,14 +222,14 @@ class LaneStream:
                 if ev is None:
                     upstream_done = True
                 elif ev[0] == RECS:
-                    pending.append((RECS, pool.submit(job, ev[1])))
+                    pending.append((RECS, submit(ev[1])))
                 else:
                     pending.append(ev)
             if not pending:
                 return
             kind, x = pending.popleft()
             if kind == RECS:
-                out, tombs = x.result()
+                out, tombs = result(x)
                 yield RECS, out + tombs if tombs else out
             else:
                 yield kind, x
@@ -262,9 +277,9 @@ class LaneStream:
             yield Output(END_OF_LANE, self.initial)
             return
         events: Iterator = self._chunks()
-        for stage in self.plan.stages:
-            runner = self._threads_stage if stage.runner == "threads" else self._inline_stage
-            events = runner(stage, events)
+        for i, stage in enumerate(self.plan.stages):
+            events = (self._parallel_stage(i, stage, events) if stage.parallel
+                      else self._inline_stage(stage, events))
         tracker, track = self.tracker, self.plan.checkpointing
         for kind, x in events:
             if kind == RECS:

@@ -164,12 +164,14 @@ class Pipeline:
         return self.then(FetchOp(parallelism))
 
     def map(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
-            batched: bool = False) -> Pipeline:
-        return self.then(MapOp(fn, parallelism, name, batched))
+            batched: bool = False, runner: str = "threads") -> Pipeline:
+        """``runner="processes"`` runs ``fn`` on worker processes (GIL-bound functions;
+        ``fn`` must be picklable, e.g. defined at module level)."""
+        return self.then(MapOp(fn, parallelism, name, batched, runner))
 
     def filter(self, predicate: Callable[[Any], bool], parallelism: int = 1,
-               name: str | None = None) -> Pipeline:
-        return self.then(FilterOp(predicate, parallelism, name))
+               name: str | None = None, runner: str = "threads") -> Pipeline:
+        return self.then(FilterOp(predicate, parallelism, name, runner))
 
     def split(self, max_len: int, key: str = "input_ids") -> Pipeline:
         return self.then(SplitOp(max_len, key))

@@ -8,6 +8,7 @@ defined by delivered outputs, however far the pump ran ahead.
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,6 +19,7 @@ from ..tracking.eviction import Delivery
 from ..tracking.mirror import LaneDelta
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
+from .processes import StagePool, can_start_processes
 from .pump import Pump
 
 
@@ -29,6 +31,8 @@ class Skip:
 
 
 SKIP = Skip()
+
+log = logging.getLogger(__name__)
 
 
 class PipelineRun:
@@ -43,10 +47,19 @@ class PipelineRun:
         lanes = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
         self.order = worker_lanes(lanes, topology.num_workers, topology.worker_id)
         self.turn = 0
-        cap = max((st.cap for st in plan.stages if st.runner == "threads"), default=0)
+        self.procs = None
+        if any(st.runner == "processes" for st in plan.stages):
+            if can_start_processes():
+                self.procs = StagePool(plan)
+            else:  # same stream either way; DataLoader workers already run in parallel
+                log.warning("runner='processes' stages run on threads inside a DataLoader "
+                            "worker (daemonic processes cannot start worker processes)")
+        threaded = ("threads",) if self.procs is not None else ("threads", "processes")
+        cap = max((st.cap for st in plan.stages if st.runner in threaded), default=0)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-stage") if cap else None
         self.streams = {lane: LaneStream(plan, lane,
-                                         restored.lanes[lane] if restored else None, self.pool)
+                                         restored.lanes[lane] if restored else None, self.pool,
+                                         self.procs)
                         for lane in self.order}
         self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in
                                                self.streams.items()}
@@ -168,3 +181,5 @@ class PipelineRun:
             self.pump.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.procs is not None:
+            self.procs.close()

@@ -56,6 +56,7 @@ class Operator:
     traits = OpTraits()
     name = "op"
     parallelism = 1
+    runner = "threads"  # where parallel work runs: "threads" or "processes" (stateless ops)
 
     def bind(self, ctx: OpContext) -> None:
         """Called once by compile() before any record flows."""

@@ -15,9 +15,10 @@ class FilterOp(Operator):
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
     def __init__(self, predicate: Callable[[Any], bool], parallelism: int = 1,
-                 name: str | None = None):
+                 name: str | None = None, runner: str = "threads"):
         self.predicate = predicate
         self.parallelism = parallelism
+        self.runner = runner
         self.name = name or "filter"
 
     def process(self, record: Record, lane_id: int) -> list[Record]:

@@ -16,9 +16,10 @@ class MapOp(Operator):
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
     def __init__(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
-                 batched: bool = False):
+                 batched: bool = False, runner: str = "threads"):
         self.fn = fn
         self.parallelism = parallelism
+        self.runner = runner
         self.name = name or "map"
         self.batched = batched
 

@@ -1,0 +1,108 @@
+"""runner=processes: stateless operators on worker processes, same stream as threads.
+
+The runner is not part of the fingerprint: a checkpoint taken under threads resumes
+under processes and the other way round.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import FailingTokenizer, byte_tokenize, source
+
+from zephon_core import ConfigError, Pipeline, PipelineError
+from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
+
+
+def build(runner: str = "processes", lanes: int = 2, fn=byte_tokenize) -> Pipeline:
+    return (Pipeline(source(8), canonical_replicas=lanes, flush_every_k_chunks=2, seed=3)
+            .fetch()
+            .map(fn, parallelism=2, name="tokenize", runner=runner)
+            .filter(keep_nonempty, runner=runner)
+            .split(max_len=64).pack(seq_len=64, bins=4).shuffle(buffer_size=8)
+            .batch(batch_size=4))
+
+
+def keep_nonempty(payload: dict) -> bool:
+    return len(payload["input_ids"]) > 0
+
+
+def test_plan_and_stream_equal_threads():
+    pipe = build()
+    plan = pipe.explain()
+    assert "runner=processes cap=3 mode=microbatches" in plan
+    assert "tokenize@p2 -[in_q=2]-> filter@p1" in plan
+    try:
+        got = take(pipe, 30)
+        stats = pipe.stats()["operators"]["tokenize"]
+    finally:
+        pipe.close()
+    ref = build("threads")
+    try:
+        assert_streams_equal(take(ref, 30), got, "processes vs threads")
+    finally:
+        ref.close()
+    assert stats["records_in"] > 0 and stats["records_in"] == stats["records_out"]
+    assert build().compile().fingerprint == build("threads").compile().fingerprint
+
+
+def test_resume_is_exact_and_crosses_runners():
+    assert_resume_equivalent(lambda: build(), cut_points=[3, 17])
+    # a checkpoint taken under threads continues under processes
+    first = build("threads")
+    try:
+        head = take(first, 9)
+        state = first.checkpoint()
+    finally:
+        first.close()
+    ref = build("threads")
+    try:
+        want = take(ref, 20)
+    finally:
+        ref.close()
+    second = build("processes")
+    try:
+        second.load_state_dict(state)
+        assert_streams_equal(want, head + take(second, 11), "threads -> processes")
+    finally:
+        second.close()
+
+
+def test_worker_errors_name_the_operator_and_record():
+    pipe = build(fn=FailingTokenizer("c"), lanes=1)  # every code document fails
+    try:
+        with pytest.raises(PipelineError, match="'tokenize'.*cursor.*cannot tokenize c"):
+            take(pipe, 200)
+    finally:
+        pipe.close()
+
+
+def test_what_cannot_run_on_processes_is_refused():
+    with pytest.raises(ConfigError, match="module level"):
+        build(fn=lambda p: byte_tokenize(p)).compile()
+    with pytest.raises(ConfigError, match="runner='gpu'"):
+        build(runner="gpu").compile()
+
+
+def test_inside_dataloader_workers_it_runs_on_threads():
+    ref = build("threads")
+    try:
+        want = take(ref, 12)
+    finally:
+        ref.close()
+    # daemonic DataLoader workers cannot start processes; the stage runs on threads there
+    got = take(build().dataloader(num_workers=2), 12)
+    assert_streams_equal(want, got, "processes in DataLoader workers")
+
+
+def test_close_stops_the_worker_processes():
+    pipe = build()
+    take(pipe, 3)
+    procs = list(pipe._run.procs.pool._processes.values())
+    assert procs and all(p.is_alive() for p in procs)
+    pipe.close()
+    deadline = time.monotonic() + 30
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for exit, bounded; not synchronisation
+    assert not any(p.is_alive() for p in procs)

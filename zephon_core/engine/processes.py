@@ -1,0 +1,84 @@
+"""runner=processes: a stage's stateless operators on a pool of worker processes.
+
+For user functions that hold the GIL (pure-Python tokenizers, regex cleaning). The
+stage's operators are sent to each worker once, when it starts; a job is one
+microbatch (a chunk's records) and returns its output in order, so the stream is the
+same as under ``runner=threads`` -- the runner is not part of the fingerprint and a
+checkpoint resumes under either. Workers come from a ``forkserver`` (``spawn`` where
+there is none): forking a process that runs pump and stage threads could copy a held
+lock into the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING
+
+from ..records import Record
+from .stats import OpStats
+
+if TYPE_CHECKING:
+    from ..ops.base import Operator
+    from .compile import Plan
+
+log = logging.getLogger(__name__)
+
+_STAGES: dict[int, tuple[Operator, ...]] = {}  # in a worker: stage index -> its operators
+
+
+def _install(stages: dict[int, tuple[Operator, ...]]) -> None:
+    _STAGES.clear()
+    _STAGES.update(stages)
+
+
+def _run_job(stage: int, lane: int, records: list[Record]
+             ) -> tuple[list[Record], list[Record], list[tuple[int, int, float]]]:
+    from .lane_stream import run_ops
+
+    ops = _STAGES[stage]
+    for op in ops:
+        op.stats = OpStats()  # report this job's counts only
+    tombs: list[Record] = []
+    out = run_ops(ops, records, lane, tombs)
+    return out, tombs, [(op.stats.records_in, op.stats.records_out, op.stats.seconds)
+                        for op in ops]
+
+
+def can_start_processes() -> bool:
+    """False inside daemonic processes (DataLoader workers), which may not have children."""
+    return not mp.current_process().daemon
+
+
+class StagePool:
+    """The worker processes of every ``runner=processes`` stage of a plan."""
+
+    def __init__(self, plan: Plan):
+        stages = {i: st.ops for i, st in enumerate(plan.stages) if st.runner == "processes"}
+        self.ops = stages
+        cap = max(sum(op.parallelism for op in ops) for ops in stages.values())
+        if "forkserver" in mp.get_all_start_methods():
+            ctx = mp.get_context("forkserver")
+            # workers fork from a server that imported the engine (and torch) once
+            ctx.set_forkserver_preload(["zephon_core"])
+        else:
+            ctx = mp.get_context("spawn")
+        self.pool = ProcessPoolExecutor(cap, mp_context=ctx, initializer=_install,
+                                        initargs=(stages,))
+
+    def submit(self, stage: int, lane: int, records: list[Record]) -> Future:
+        return self.pool.submit(_run_job, stage, lane, records)
+
+    def collect(self, stage: int, future: Future) -> tuple[list[Record], list[Record]]:
+        """The job's (outputs, tombstones); its counts are added to this process's stats."""
+        out, tombs, counts = future.result()
+        for op, (n_in, n_out, seconds) in zip(self.ops[stage], counts):
+            st = op.stats
+            st.records_in += n_in
+            st.records_out += n_out
+            st.seconds += seconds
+        return out, tombs
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
