@@ -13,19 +13,8 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 
-from common import bar_pipeline
-
-
-def _loader_rate(make_loader, n: int, warmup: int = 20) -> float:
-    it = iter(make_loader())
-    for _ in range(warmup):
-        next(it)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        next(it)
-    return n / (time.perf_counter() - t0)
+from common import bar_pipeline, rate
 
 
 def _callback_loader(tmp: str, dispatch: bool):
@@ -65,7 +54,7 @@ def main(n: int = 1500, rounds: int = 5) -> dict:
                   "callback_no_dispatch": lambda: _callback_loader(tmp, False)}
         for _ in range(rounds):
             for name, build in builds.items():
-                rates[name].append(_loader_rate(build, n))
+                rates[name].append(rate(build, n, warmup=20))
     med = {k: statistics.median(v) for k, v in rates.items()}
     return {"batches_per_s": {k: round(v) for k, v in med.items()},
             "callback_vs_zephon_loader": round(med["callback"] / med["zephon_loader"], 2),

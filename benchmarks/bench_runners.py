@@ -8,10 +8,10 @@ of alternating rounds. Threads cannot run it in parallel (the GIL); processes ca
 from __future__ import annotations
 
 import statistics
-import time
+from functools import partial
 
 import numpy as np
-from common import mixture_source
+from common import mixture_source, rate
 
 from zephon_core import Pipeline
 
@@ -36,27 +36,13 @@ def build(runner: str, parallelism: int) -> Pipeline:
             .split(max_len=512).pack(seq_len=512, bins=8).batch(batch_size=8))
 
 
-def _rate(runner: str, parallelism: int, n: int, warmup: int = 10) -> float:
-    pipe = build(runner, parallelism)
-    try:
-        it = iter(pipe)
-        for _ in range(warmup):
-            next(it)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            next(it)
-        return n / (time.perf_counter() - t0)
-    finally:
-        pipe.close()
-
-
 def main(n: int = 600, rounds: int = 2) -> dict:
     configs = {"inline": ("threads", 1), "threads_p2": ("threads", 2),
                "processes_p2": ("processes", 2)}
     rates: dict[str, list[float]] = {k: [] for k in configs}
     for _ in range(rounds):
         for name, (runner, p) in configs.items():
-            rates[name].append(_rate(runner, p, n))
+            rates[name].append(rate(partial(build, runner, p), n, warmup=10))
     med = {k: statistics.median(v) for k, v in rates.items()}
     return {"batches_per_s": {k: round(v, 1) for k, v in med.items()},
             "processes_vs_threads": round(med["processes_p2"] / med["threads_p2"], 2),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from typing import Any
 
 from zephon_core import Pipeline, StaticMixtureWorkSource, corpora
 
@@ -40,23 +41,25 @@ def reference_pipeline(checkpointing: bool = True, lanes: int = 4, prefetch: int
             .batch(batch_size=8))
 
 
-def _rate(build: Callable[[], Pipeline], n: int, warmup: int) -> float:
-    pipe = build()
-    it = iter(pipe)
+def rate(build: Callable[[], Any], n: int, warmup: int) -> float:
+    """Items/s of a freshly built iterable over ``n`` items after ``warmup``."""
+    obj = build()
+    it = iter(obj)
     for _ in itertools.islice(it, warmup):
         pass
     t0 = time.perf_counter()
     for _ in itertools.islice(it, n):
         pass
-    rate = n / (time.perf_counter() - t0)
-    pipe.close()
-    return rate
+    per_s = n / (time.perf_counter() - t0)
+    if hasattr(obj, "close"):
+        obj.close()
+    return per_s
 
 
 def throughput(build: Callable[[], Pipeline], n: int, warmup: int = 50,
                repeats: int = 3) -> float:
     """Best-of-``repeats`` outputs/s over ``n`` outputs after ``warmup``."""
-    return max(_rate(build, n, warmup) for _ in range(repeats))
+    return max(rate(build, n, warmup) for _ in range(repeats))
 
 
 def paired_throughput(builds: dict[str, Callable[[], Pipeline]], n: int, warmup: int = 50,
@@ -67,5 +70,5 @@ def paired_throughput(builds: dict[str, Callable[[], Pipeline]], n: int, warmup:
     names = list(builds)
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
-            rates[name].append(_rate(builds[name], n, warmup))
+            rates[name].append(rate(builds[name], n, warmup))
     return rates
