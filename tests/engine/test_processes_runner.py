@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import FailingTokenizer, byte_tokenize, source
+from helpers import FailingTokenizer, byte_tokenize, exit_process, source
 
 from zephon_core import ConfigError, Pipeline, PipelineError
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
@@ -106,3 +106,12 @@ def test_close_stops_the_worker_processes():
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling for exit, bounded; not synchronisation
     assert not any(p.is_alive() for p in procs)
+
+
+def test_a_dying_worker_is_a_named_error():
+    pipe = build(fn=exit_process, lanes=1)
+    try:
+        with pytest.raises(PipelineError, match="'tokenize'.*died or could not start"):
+            take(pipe, 5)
+    finally:
+        pipe.close()

@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
+from ..errors import PipelineError
 from ..records import Record
 from .stats import OpStats
 
@@ -72,7 +74,14 @@ class StagePool:
 
     def collect(self, stage: int, future: Future) -> tuple[list[Record], list[Record]]:
         """The job's (outputs, tombstones); its counts are added to this process's stats."""
-        out, tombs, counts = future.result()
+        try:
+            out, tombs, counts = future.result()
+        except BrokenProcessPool as e:
+            names = ", ".join(repr(op.name) for op in self.ops[stage])
+            raise PipelineError(
+                f"a worker process of the runner='processes' stage ({names}) died or could "
+                "not start: its functions must be importable there (defined in a module "
+                "file, not a notebook cell) and must not exit the process") from e
         for op, (n_in, n_out, seconds) in zip(self.ops[stage], counts):
             st = op.stats
             st.records_in += n_in
