@@ -67,3 +67,15 @@ def exit_process(payload: dict) -> dict:
     import os
 
     os._exit(3)
+
+
+def drop_some(payload: dict) -> bool:
+    """Keeps documents whose token count is not a multiple of 3 (drops about a third)."""
+    return len(payload["input_ids"]) % 3 != 0
+
+
+def returns_unpicklable(payload: dict):
+    """A result that cannot travel back from a worker process."""
+    import threading
+
+    return threading.Lock()

@@ -9,7 +9,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import FailingTokenizer, byte_tokenize, exit_process, source
+from helpers import (
+    FailingTokenizer,
+    byte_tokenize,
+    drop_some,
+    exit_process,
+    returns_unpicklable,
+    source,
+)
 
 from zephon_core import ConfigError, Pipeline, PipelineError
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
@@ -19,13 +26,9 @@ def build(runner: str = "processes", lanes: int = 2, fn=byte_tokenize) -> Pipeli
     return (Pipeline(source(8), canonical_replicas=lanes, flush_every_k_chunks=2, seed=3)
             .fetch()
             .map(fn, parallelism=2, name="tokenize", runner=runner)
-            .filter(keep_nonempty, runner=runner)
+            .filter(drop_some, runner=runner)  # tombstones cross the processes too
             .split(max_len=64).pack(seq_len=64, bins=4).shuffle(buffer_size=8)
             .batch(batch_size=4))
-
-
-def keep_nonempty(payload: dict) -> bool:
-    return len(payload["input_ids"]) > 0
 
 
 def test_plan_and_stream_equal_threads():
@@ -112,6 +115,32 @@ def test_a_dying_worker_is_a_named_error():
     pipe = build(fn=exit_process, lanes=1)
     try:
         with pytest.raises(PipelineError, match="'tokenize'.*died or could not start"):
+            take(pipe, 5)
+    finally:
+        pipe.close()
+
+
+def test_workers_get_the_operators_without_the_source_or_upstream():
+    """An unpicklable upstream operator (a lambda on threads) does not matter: workers
+    receive their own operators only, not the source or the operators before them."""
+    def pipe(runner):
+        return (Pipeline(source(8), canonical_replicas=1, seed=3)
+                .fetch().map(lambda p: p, name="identity")
+                .map(byte_tokenize, parallelism=2, name="tokenize", runner=runner)
+                .split(max_len=64).batch(batch_size=4))
+    got, ref = pipe("processes"), pipe("threads")
+    try:
+        assert_streams_equal(take(ref, 10), take(got, 10), "lambda upstream")
+    finally:
+        got.close()
+        ref.close()
+
+
+def test_an_unpicklable_result_names_the_stage():
+    pipe = (Pipeline(source(8), canonical_replicas=1, seed=3).fetch()
+            .map(returns_unpicklable, name="locky", runner="processes"))
+    try:
+        with pytest.raises(PipelineError, match="'locky'.*results must pickle"):
             take(pipe, 5)
     finally:
         pipe.close()

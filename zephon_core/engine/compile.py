@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import pickle
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from ..errors import ConfigError
 from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
+from .processes import check_shippable
 from .stats import OpStats
 
 log = logging.getLogger(__name__)
@@ -100,17 +100,10 @@ def _validate_ops(ops: list[Operator]) -> None:
         if runner not in ("threads", "processes"):
             raise ConfigError(f"operator {op.name!r}: runner={runner!r}; use 'threads' or "
                               "'processes'")
-        if runner == "processes":
-            if not (op.traits.stateless and op.traits.preserves_cursor_order):
-                raise ConfigError(f"operator {op.name!r} keeps state or reorders records, so "
-                                  "it cannot run on worker processes; use runner='threads'")
-            try:
-                pickle.dumps(op)
-            except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix
-                raise ConfigError(
-                    f"operator {op.name!r} runs on worker processes but cannot be sent to "
-                    f"them ({type(e).__name__}: {e}); define its function at module level "
-                    "(lambdas and closures do not pickle) or use runner='threads'") from e
+        if runner == "processes" and not (op.traits.stateless and
+                                          op.traits.preserves_cursor_order):
+            raise ConfigError(f"operator {op.name!r} keeps state or reorders records, so "
+                              "it cannot run on worker processes; use runner='threads'")
     batches = [i for i, op in enumerate(ops) if isinstance(op, BatchOp)]
     if len(batches) > 1:
         raise ConfigError(f"the pipeline has {len(batches)} batch operators; use one batch() "
@@ -178,6 +171,8 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
             runner = "threads"
         else:
             runner = "inline"
+        if runner == "processes":
+            check_shippable(op)  # bound: exactly what the workers will receive
         if stages and stages[-1].runner == runner:
             stages[-1] = Stage(runner, stages[-1].ops + (op,))
         else:

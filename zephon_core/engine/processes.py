@@ -11,13 +11,16 @@ lock into the child.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import multiprocessing as mp
+import pickle
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
-from ..errors import PipelineError
+from ..errors import ConfigError, PipelineError, ZephonError
 from ..records import Record
 from .stats import OpStats
 
@@ -48,6 +51,27 @@ def _run_job(stage: int, lane: int, records: list[Record]
                         for op in ops]
 
 
+def shippable(op: Operator) -> Operator:
+    """The copy of a bound operator sent to workers: without the source and the upstream
+    operators its context refers to (a worker needs neither, and they may not pickle)."""
+    ctx = getattr(op, "ctx", None)
+    if ctx is None:
+        return op
+    out = copy.copy(op)
+    out.ctx = dataclasses.replace(ctx, source=None, upstream=())
+    return out
+
+
+def check_shippable(op: Operator) -> None:
+    try:
+        pickle.dumps(shippable(op))
+    except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix
+        raise ConfigError(
+            f"operator {op.name!r} runs on worker processes but cannot be sent to them "
+            f"({type(e).__name__}: {e}); define its function at module level (lambdas and "
+            "closures do not pickle) or use runner='threads'") from e
+
+
 def can_start_processes() -> bool:
     """False inside daemonic processes (DataLoader workers), which may not have children."""
     return not mp.current_process().daemon
@@ -59,6 +83,7 @@ class StagePool:
     def __init__(self, plan: Plan):
         stages = {i: st.ops for i, st in enumerate(plan.stages) if st.runner == "processes"}
         self.ops = stages
+        shipped = {i: tuple(shippable(op) for op in ops) for i, ops in stages.items()}
         cap = max(sum(op.parallelism for op in ops) for ops in stages.values())
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
@@ -67,21 +92,36 @@ class StagePool:
         else:
             ctx = mp.get_context("spawn")
         self.pool = ProcessPoolExecutor(cap, mp_context=ctx, initializer=_install,
-                                        initargs=(stages,))
+                                        initargs=(shipped,))
+
+    def _failed(self, stage: int, e: BaseException) -> PipelineError:
+        names = ", ".join(repr(op.name) for op in self.ops[stage])
+        if isinstance(e, (BrokenProcessPool, BrokenPipeError)):
+            why = ("died or could not start: its functions must be importable there (defined "
+                   "in a module file, not a notebook cell; scripts need an "
+                   "`if __name__ == '__main__':` guard) and must not exit the process")
+        else:
+            why = f"could not exchange a microbatch ({type(e).__name__}: {e}); " \
+                  "records and results must pickle"
+        err = PipelineError(f"a worker process of the runner='processes' stage ({names}) {why}")
+        err.operator = self.ops[stage][0].name
+        err.cursor = None
+        return err
 
     def submit(self, stage: int, lane: int, records: list[Record]) -> Future:
-        return self.pool.submit(_run_job, stage, lane, records)
+        try:
+            return self.pool.submit(_run_job, stage, lane, records)
+        except (BrokenProcessPool, BrokenPipeError) as e:
+            raise self._failed(stage, e) from e
 
     def collect(self, stage: int, future: Future) -> tuple[list[Record], list[Record]]:
         """The job's (outputs, tombstones); its counts are added to this process's stats."""
         try:
             out, tombs, counts = future.result()
-        except BrokenProcessPool as e:
-            names = ", ".join(repr(op.name) for op in self.ops[stage])
-            raise PipelineError(
-                f"a worker process of the runner='processes' stage ({names}) died or could "
-                "not start: its functions must be importable there (defined in a module "
-                "file, not a notebook cell) and must not exit the process") from e
+        except ZephonError:  # raised by an operator in the worker: typed and located
+            raise
+        except Exception as e:  # noqa: BLE001 - the pool's own failures, named here
+            raise self._failed(stage, e) from e
         for op, (n_in, n_out, seconds) in zip(self.ops[stage], counts):
             st = op.stats
             st.records_in += n_in
