@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 WORKER = Path(__file__).with_name("hf_dist_worker.py")
 RANKS = 2
 STEPS, CRASH = 8, 6
+LAUNCH_TIMEOUT_S = 300
 
 
 def torchrun(tmp: Path, name: str, out: str, steps: int, opts: dict
@@ -42,10 +44,31 @@ def torchrun(tmp: Path, name: str, out: str, steps: int, opts: dict
     for k, v in opts.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)  # the ranks too: they hold the pipes open
+            proc.communicate()
+            return None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants (torchrun starts ranks in sessions of their own,
+    so killing its process group would leave them running)."""
     try:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        return None
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        children = []
+    for child in children:
+        _kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def launch(tmp: Path, name: str, out: str, *, steps: int = STEPS, **opts) -> list[dict]:
