@@ -164,15 +164,13 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
 
     stages: list[Stage] = []
     for op in ops:
-        parallel_ok = op.traits.stateless and op.traits.preserves_cursor_order
-        if parallel_ok and getattr(op, "runner", "threads") == "processes":
+        if getattr(op, "runner", "threads") == "processes":  # validated as stateless above
             runner = "processes"
-        elif parallel_ok and op.parallelism > 1:
+            check_shippable(op)  # bound: exactly what the workers will receive
+        elif op.traits.stateless and op.traits.preserves_cursor_order and op.parallelism > 1:
             runner = "threads"
         else:
             runner = "inline"
-        if runner == "processes":
-            check_shippable(op)  # bound: exactly what the workers will receive
         if stages and stages[-1].runner == runner:
             stages[-1] = Stage(runner, stages[-1].ops + (op,))
         else:

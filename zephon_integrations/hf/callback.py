@@ -226,12 +226,17 @@ def _read_layout(loader: Any, rows: ZephonRows, batch_size: int, batched: bool) 
                       "pass Trainer(train_dataset=cb.train_dataset, callbacks=[cb])")
 
 
-def _rows_per_output(pipe: Pipeline, batch_size: int) -> int:
+def _last_batch(pipe: Pipeline) -> BatchOp | None:
     batches = [op for op in pipe.operators if isinstance(op, BatchOp)]
-    if not batches:
+    return batches[-1] if batches else None
+
+
+def _rows_per_output(pipe: Pipeline, batch_size: int) -> int:
+    last = _last_batch(pipe)
+    if last is None:
         return 1  # records; the Trainer's collator batches them
-    if batches[-1].batch_size != batch_size:
-        raise ConfigError(f"the pipeline's batch(batch_size={batches[-1].batch_size}) must "
+    if last.batch_size != batch_size:
+        raise ConfigError(f"the pipeline's batch(batch_size={last.batch_size}) must "
                           f"equal the Trainer's batch size per process (train_batch_size="
                           f"{batch_size}): the Trainer regroups Zephon's rows into its own "
                           "batches")
@@ -240,10 +245,8 @@ def _rows_per_output(pipe: Pipeline, batch_size: int) -> int:
 
 def _fixed_shape(pipe: Pipeline) -> bool:
     """Whether every output has the same shape (batches padded to a fixed width)."""
-    ops = pipe.operators
-    batches = [op for op in ops if isinstance(op, BatchOp)]
-    if not batches:
+    last = _last_batch(pipe)
+    if last is None:
         return False
-    last = batches[-1]
     return last.seq_len is not None or (last.pad_to == "max" and
-                                        any(isinstance(op, PackOp) for op in ops))
+                                        any(isinstance(op, PackOp) for op in pipe.operators))
