@@ -1,23 +1,30 @@
 """Zephon: a deterministic, checkpointable streaming data pipeline for LLM training."""
 
+from .engine.handle import PipelineIterator
 from .engine.pipeline import Pipeline
+from .engine.torch_data import ZephonDataLoader
 from .errors import (
-                     CheckpointError,
-                     ConfigError,
-                     ContractViolation,
-                     CorruptCheckpoint,
-                     IncompatibleCheckpoint,
-                     PipelineError,
-                     ReplayDivergence,
-                     TopologyError,
-                     ZephonError,
+    CheckpointError,
+    ConfigError,
+    ContractViolation,
+    CorruptCheckpoint,
+    IncompatibleCheckpoint,
+    LifecycleError,
+    MissingCheckpointState,
+    PipelineError,
+    PipelineStalled,
+    ReplayDivergence,
+    TopologyError,
+    ZephonError,
 )
 from .ops import Operator, OpTraits
 from .records import Contributor, Record, SampleCursor, tombstone
 from .sources import StaticMixtureWorkSource, WorkChunk, WorkSource
 
-__all__ = ["Pipeline", "StaticMixtureWorkSource", "WorkChunk", "WorkSource", "Operator",
-           "OpTraits", "Record", "SampleCursor", "Contributor", "tombstone", "ZephonError",
-           "ConfigError", "ContractViolation", "PipelineError", "TopologyError",
-           "CheckpointError", "CorruptCheckpoint", "IncompatibleCheckpoint", "ReplayDivergence"]
+__all__ = ["Pipeline", "PipelineIterator", "ZephonDataLoader", "StaticMixtureWorkSource",
+           "WorkChunk", "WorkSource", "Operator", "OpTraits", "Record", "SampleCursor",
+           "Contributor", "tombstone", "ZephonError", "ConfigError", "ContractViolation",
+           "LifecycleError", "PipelineError", "PipelineStalled", "TopologyError",
+           "CheckpointError", "CorruptCheckpoint", "IncompatibleCheckpoint",
+           "MissingCheckpointState", "ReplayDivergence"]
 __version__ = "0.1.0"

@@ -1,6 +1,13 @@
-"""Typed errors. Every message names the values involved and the fix."""
+"""Typed errors. Every message names the values involved and the fix.
+
+Zephon's promise is "the resumed stream is exactly the uninterrupted one, or one of
+these errors says why not". None of them is ever replaced by a silent fresh start,
+an empty stream or a hang.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ZephonError(Exception):
@@ -12,11 +19,41 @@ class ConfigError(ZephonError, ValueError):
 
 
 class ContractViolation(ZephonError, RuntimeError):
-    """An operator broke the operator contract (e.g. kept data after flush(reset=True))."""
+    """An operator or source broke its contract (e.g. kept data after a flush)."""
+
+
+class LifecycleError(ZephonError, RuntimeError):
+    """An object was used out of order: a restore after iteration started, a handle
+    used after ``close()``, or a second stream from a pipeline that already has one."""
 
 
 class PipelineError(ZephonError, RuntimeError):
-    """An operator or source raised while the pipeline ran; wraps the original error."""
+    """An operator or source raised while the pipeline ran; wraps the original error.
+
+    Attributes:
+        operator: name of the operator (or stage) that failed, if known.
+        cursor: the ``SampleCursor`` of the record it failed on, if known.
+    """
+
+    def __init__(self, message: str, *, operator: str | None = None,
+                 cursor: Any = None) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.cursor = cursor
+
+    def __reduce__(self) -> tuple:
+        # keeps operator/cursor across processes (DataLoader workers, runner=processes)
+        return (_rebuild, (type(self), str(self), self.operator, self.cursor))
+
+
+def _rebuild(cls: type[PipelineError], message: str, operator: str | None,
+             cursor: Any) -> PipelineError:
+    return cls(message, operator=operator, cursor=cursor)
+
+
+class PipelineStalled(PipelineError):
+    """No output for ``stall_timeout_s``: a stage is blocked, or an operator drops or
+    holds every record. The message names the stage, lane and cursor."""
 
 
 class TopologyError(ZephonError, ValueError):
@@ -28,12 +65,19 @@ class CheckpointError(ZephonError, ValueError):
 
 
 class CorruptCheckpoint(CheckpointError):
-    """The checkpoint bytes are truncated, corrupted or not a Zephon checkpoint."""
+    """The checkpoint bytes are truncated, corrupted, out of range or not a Zephon
+    checkpoint."""
 
 
 class IncompatibleCheckpoint(CheckpointError):
-    """The checkpoint was written by a differently configured pipeline or schema."""
+    """The checkpoint was written by a differently configured pipeline, over other data or
+    functions, or with another schema."""
+
+
+class MissingCheckpointState(CheckpointError):
+    """A training run resumes from a checkpoint that holds no Zephon state, so the data
+    stream would silently restart from its beginning."""
 
 
 class ReplayDivergence(ZephonError, RuntimeError):
-    """Replay after a restore did not reproduce the saved replay cursor."""
+    """Replay after a restore did not reproduce what was delivered before the checkpoint."""

@@ -7,6 +7,8 @@ A :class:`Record` is a payload plus the metadata the tracker needs:
   input's cursor, a split child gets its child index, a packed record takes
   the cursor of its first contributor and a batch takes the cursor of its last
   member (which is what the replay filter matches).
+* ``digest`` -- set by ``batch``: the value digest of its last member, which the
+  replay filter checks on resume (``checkpoint/value_digest.py``).
 * ``contributors`` -- every input fragment that went into the record, as
   :class:`Contributor` tuples. An offset of a chunk closes when all of its
   children were delivered or tombstoned.
@@ -53,12 +55,14 @@ TOMBSTONE: Any = _TombstonePayload()
 class Record:
     """A payload travelling through the pipeline, with its identity and provenance."""
 
-    __slots__ = ("payload", "cursor", "contributors")
+    __slots__ = ("payload", "cursor", "contributors", "digest")
 
-    def __init__(self, payload: Any, cursor: SampleCursor, contributors: list[Contributor]):
+    def __init__(self, payload: Any, cursor: SampleCursor, contributors: list[Contributor],
+                 digest: int | None = None):
         self.payload = payload
         self.cursor = cursor
         self.contributors = contributors
+        self.digest = digest
 
     @property
     def is_tombstone(self) -> bool:
@@ -66,7 +70,7 @@ class Record:
 
     def with_payload(self, payload: Any) -> Record:
         """A 1:1 derived record: same identity and provenance, new payload."""
-        return Record(payload, self.cursor, self.contributors)
+        return Record(payload, self.cursor, self.contributors, self.digest)
 
     def to_tombstone(self) -> Record:
         """A tombstone closing every child this record carries."""

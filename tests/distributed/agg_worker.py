@@ -82,7 +82,7 @@ def barrier(sync: Path, name: str, tag: str, tags, deadline: float) -> None:
 
 # -- faults ---------------------------------------------------------------------------
 def apply_faults(spec: dict, log: dict) -> None:
-    from zephon_core import Pipeline
+    from zephon_core import PipelineIterator
     from zephon_core.distributed import aggregate, storage
 
     faults = spec.get("faults", [])
@@ -126,7 +126,7 @@ def apply_faults(spec: dict, log: dict) -> None:
         storage.DirStorage.get = get2
 
     if "diverge_cursor" in faults:  # a model-parallel peer reports a different cursor
-        orig_local = Pipeline._local_state
+        orig_local = PipelineIterator._local_state
 
         def local_state(self, served=None, _orig=orig_local):
             st = _orig(self, served)
@@ -135,10 +135,10 @@ def apply_faults(spec: dict, log: dict) -> None:
             st.lanes[lane].cursor = c._replace(offset=c.offset + 1)
             log["diverged_lane"] = lane
             return st
-        Pipeline._local_state = local_state
+        PipelineIterator._local_state = local_state
 
     if "drop_last_lane" in faults:  # a rank reports only part of its DP group's lanes
-        orig_local2 = Pipeline._local_state
+        orig_local2 = PipelineIterator._local_state
 
         def local_state2(self, served=None, _orig=orig_local2):
             st = _orig(self, served)
@@ -146,7 +146,7 @@ def apply_faults(spec: dict, log: dict) -> None:
             del st.lanes[dropped]
             log["dropped_lane"] = dropped
             return st
-        Pipeline._local_state = local_state2
+        PipelineIterator._local_state = local_state2
 
     # keys the storage saw written, so the leader can check a torch Store for leftovers
     for cls in (storage.DirStorage, storage.StoreStorage):
@@ -239,7 +239,7 @@ def main(spec_path: str) -> None:
         apply_faults(spec, log)
         pipe = build(**kwargs)
         if spec.get("bind"):
-            pipe.bind(**spec["bind"])
+            pipe = pipe.bind(**spec["bind"])
         if spec.get("restore"):
             pipe.load_state_dict(Pipeline.load(spec["restore"]))
         it = iter(pipe)

@@ -63,9 +63,9 @@ class Job:
             for rank in range(world):
                 pipe = build_fn()
                 if mp == 1:
-                    pipe.bind(rank=rank, world_size=world)
+                    pipe = pipe.bind(rank=rank, world_size=world)
                 else:
-                    pipe.bind(rank=rank, world_size=world, dp_rank=rank // mp, dp_size=D)
+                    pipe = pipe.bind(rank=rank, world_size=world, dp_rank=rank // mp, dp_size=D)
                 if state is not None:
                     pipe.load_state_dict(copy.deepcopy(state))
                 self.pipes.append(pipe)

@@ -187,12 +187,12 @@ def test_valid_topologies():
 def test_bind_validates_topology():
     pipe = reference_pipeline(lanes=4)
     with pytest.raises(TopologyError, match="rank=2"):
-        pipe.bind(rank=2, world_size=2)
+        pipe = pipe.bind(rank=2, world_size=2)
     with pytest.raises(TopologyError, match="dp_rank=2"):
-        pipe.bind(rank=0, world_size=4, dp_rank=2, dp_size=2)
+        pipe = pipe.bind(rank=0, world_size=4, dp_rank=2, dp_size=2)
     # C=4 lanes cannot be split over 3 data-parallel ranks; the error lists valid sizes
     with pytest.raises(TopologyError) as ei:
-        pipe.bind(rank=0, world_size=3)
+        pipe = pipe.bind(rank=0, world_size=3)
     assert _listed(str(ei.value)) == [1, 2, 4]
     # bind(rank, world_size) defaults the DP layout to dp_rank=rank, dp_size=world_size
     topo = reference_pipeline(lanes=4).bind(rank=1, world_size=2).topology()

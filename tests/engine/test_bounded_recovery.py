@@ -27,8 +27,7 @@ def _measure(build, cut: int) -> tuple[int, int, dict]:
     state = pipe.checkpoint()
     pipe.close()
     size = len(codec.encode(state))
-    again = build()
-    again.load_state_dict(codec.decode(codec.encode(state)))
+    again = build().iterate(restore=codec.decode(codec.encode(state)))
     replayed = again.chunks_replayed
     again.close()
     return size, replayed, state
@@ -66,7 +65,7 @@ def test_monotone_pipeline_resumes_exactly_at_early_and_late_cuts():
 
 def _ledger_lengths(pipe: Pipeline, n: int) -> list[int]:
     it = iter(pipe)
-    run = pipe._get_run()
+    run = it.run
     worst = []
     for _ in range(n):
         next(it)

@@ -102,7 +102,7 @@ def test_inside_dataloader_workers_it_runs_on_threads():
 def test_close_stops_the_worker_processes():
     pipe = build()
     take(pipe, 3)
-    procs = list(pipe._run.procs.pool._processes.values())
+    procs = list(iter(pipe).run.procs.pool._processes.values())
     assert procs and all(p.is_alive() for p in procs)
     pipe.close()
     deadline = time.monotonic() + 30
@@ -114,7 +114,7 @@ def test_close_stops_the_worker_processes():
 def test_a_dying_worker_is_a_named_error():
     pipe = build(fn=exit_process, lanes=1)
     try:
-        with pytest.raises(PipelineError, match="'tokenize'.*died or could not start"):
+        with pytest.raises(PipelineError, match="'tokenize'.*exited with code 3"):
             take(pipe, 5)
     finally:
         pipe.close()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import CODE, PROSE, byte_tokenize, reference_pipeline, source
 
-from zephon_core import ContractViolation, Operator, OpTraits, Pipeline, PipelineError, SampleCursor
+from zephon_core import LifecycleError, ContractViolation, Operator, OpTraits, Pipeline, PipelineError, SampleCursor
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 ALL_DOCS = {d["id"]: d["text"] for d in PROSE + CODE}
@@ -134,7 +134,7 @@ def test_close_is_idempotent_and_stops_the_pump_thread():
     it = iter(pipe)
     for _ in range(20):
         next(it)
-    pump_thread = pipe._get_run().pump._thread
+    pump_thread = it.run.pump._thread
     assert pump_thread.is_alive()
     assert _live_pumps(before) == [pump_thread]
     pipe.close()
@@ -142,24 +142,25 @@ def test_close_is_idempotent_and_stops_the_pump_thread():
     pipe.close()  # idempotent
     pipe.close()
     assert _live_pumps(before) == []
-    with pytest.raises((StopIteration, PipelineError)):
+    with pytest.raises(LifecycleError, match="closed"):  # never a silent end of stream
         next(it)
 
 
 def test_close_before_iterating_and_without_pump():
     reference_pipeline().close()
     pipe = reference_pipeline(prefetch=0)
-    take(pipe, 5)
+    it = iter(pipe)
+    take(it, 5)
     pipe.close()
     pipe.close()
-    assert pipe._get_run().closed
+    assert it.closed and it.run.closed
 
 
 def test_context_manager_closes():
     before = set(threading.enumerate())
     with reference_pipeline(prefetch=2) as pipe:
         out = take(pipe, 8)
-        pump_thread = pipe._get_run().pump._thread
+        pump_thread = iter(pipe).run.pump._thread
         assert pump_thread.is_alive()
     assert len(out) == 8
     assert not pump_thread.is_alive()
@@ -290,7 +291,9 @@ def test_checkpoint_before_iterating_restores_to_the_same_stream():
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
-def test_load_state_dict_after_iteration_restarts_from_the_state(prefetch):
+def test_load_state_dict_after_close_restarts_from_the_state(prefetch):
+    """A live iterator does not follow a restore (load_state_dict refuses, naming the
+    order); once it is closed, the same pipeline restarts from the loaded state."""
     before = set(threading.enumerate())
     pipe = reference_pipeline(prefetch=prefetch)
     take(pipe, 25)
@@ -298,8 +301,12 @@ def test_load_state_dict_after_iteration_restarts_from_the_state(prefetch):
     expected = take(pipe, 30)
     more = take(pipe, 10)
     assert len(more) == 10
+    with pytest.raises(LifecycleError, match="before iter"):
+        pipe.load_state_dict(state)
+    pipe.close()
     pipe.load_state_dict(state)
     assert_streams_equal(expected, take(pipe, 30), "after load_state_dict on the same pipeline")
+    pipe.close()
     pipe.load_state_dict(state)  # twice in a row
     assert_streams_equal(expected[:5], take(pipe, 5), "second restore")
     pipe.close()

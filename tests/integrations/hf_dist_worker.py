@@ -64,8 +64,7 @@ def main() -> None:
                             "split_batches": bool(a.split)})
     def build():
         pipe = (ragged_pipeline if a.ragged else make_pipeline)()
-        pipe.aggregate_timeout_s = a.agg_timeout
-        return pipe
+        return pipe.with_options(aggregate_timeout_s=a.agg_timeout)
 
     if a.slow_save and os.environ.get("RANK") == "0":  # stands for a large model's files
         save_model = Trainer.save_model

@@ -12,10 +12,11 @@ import os
 import shutil
 
 import pytest
-from hf_helpers import CrashAt, LossLog, make_pipeline, reference, tiny_model
+from helpers import byte_tokenize, source
+from hf_helpers import CrashAt, LossLog, make_pipeline, ragged_pipeline, reference, tiny_model
 from transformers import Trainer, TrainingArguments
 
-from zephon_core import ConfigError
+from zephon_core import ConfigError, Pipeline
 from zephon_core.checkpoint import codec
 from zephon_integrations.hf import ZephonCallback
 from zephon_integrations.hf import callback as callback_module
@@ -141,9 +142,7 @@ def test_trainer_workers_move_into_zephon(tmp_path):
 
 
 def test_batch_shapes_are_known_before_training():
-    ragged = make_pipeline().description()
-    ragged._ops = ragged.operators[:-4] + (type(ragged.operators[-1])(4, pad_to="longest"),)
-    assert not callback_module._fixed_shape(ragged)  # dispatching it is refused (2 ranks)
+    assert not callback_module._fixed_shape(ragged_pipeline())  # dispatching it is refused (2 ranks)
     assert callback_module._fixed_shape(make_pipeline())
     assert callback_module._rows_per_output(make_pipeline(), 4) == 4
     with pytest.raises(ConfigError, match="train_batch_size=8"):
@@ -152,9 +151,9 @@ def test_batch_shapes_are_known_before_training():
 
 def test_checkpointing_off_is_refused_before_training(tmp_path):
     def untracked():
-        p = make_pipeline().description()
-        p.checkpointing = False
-        return p
+        return (Pipeline(source(8), canonical_replicas=4, seed=11, checkpointing=False)
+                .fetch().map(byte_tokenize, name="tokenize").split(max_len=128)
+                .batch(batch_size=4, seq_len=128))
     with pytest.raises(ConfigError, match="checkpointing=False"):
         run(tmp_path / "a", 3, pipeline=untracked)
 

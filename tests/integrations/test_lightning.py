@@ -45,12 +45,13 @@ def _fps(model) -> list[str]:
 
 
 def _zephon_state(ckpt_path: str) -> tuple[dict, dict]:
-    """(the whole Lightning checkpoint, the ZephonDataModule's "zephon" state)."""
+    """(the whole Lightning checkpoint, the Zephon pipeline state in it)."""
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    assert DM_KEY in ckpt, f"no datamodule entry in the checkpoint: {sorted(ckpt)}"
-    entry = ckpt[DM_KEY]
-    assert isinstance(entry, dict) and "zephon" in entry, entry
-    return ckpt, entry["zephon"]
+    assert "zephon" in ckpt, f"no zephon entry in the checkpoint: {sorted(ckpt)}"
+    assert DM_KEY not in ckpt, "the state is kept once, under the fixed key"
+    entry = ckpt["zephon"]
+    assert isinstance(entry, dict) and {"state", "rng"} <= set(entry), entry
+    return ckpt, entry["state"]
 
 
 def _lane_ids(state: dict) -> list[int]:
@@ -211,10 +212,12 @@ def test_loading_a_state_without_the_zephon_entry_raises(tmp_path):
     with pytest.raises(ConfigError):
         dm.load_state_dict({"something_else": {"position": 3}})
 
-    # through Lightning: a checkpoint whose datamodule entry lacks "zephon"
+    # through Lightning: a checkpoint whose datamodule entry (the earlier layout, keyed by
+    # the class name) lacks "zephon"
     fit(max_steps=3, ckpt_dir=str(tmp_path / "a"), every_n_train_steps=3)
     ckpt_file = step_checkpoint(str(tmp_path / "a"), 3)
     ckpt = torch.load(ckpt_file, map_location="cpu", weights_only=False)
+    del ckpt["zephon"]
     ckpt[DM_KEY] = {"not_zephon": 1}
     bad = str(tmp_path / "bad.ckpt")
     torch.save(ckpt, bad)

@@ -321,9 +321,8 @@ def test_trailing_boundary_is_reinjected_on_restore():
     trailing = ls["next_chunk"]
     assert trailing % 2 == 0
 
-    pipe = _build_trailing()
-    pipe.load_state_dict(st)
-    stream = pipe._get_run().streams[lane]
+    pipe = _build_trailing().iterate(restore=st)
+    stream = pipe.run.streams[lane]
     assert stream.tracker.has_boundary(trailing)
     n_replay = len(ls["chunks"])
     n_flush = sum(1 for b in ls["boundaries"] if b <= trailing)
@@ -420,7 +419,7 @@ def test_tombstones_from_a_filter_keep_a_real_pipeline_bounded():
             .fetch().map(_tok, name="tokenize").filter(_short, name="short_only")
             .split(max_len=64).shuffle(buffer_size=4))
     it = iter(pipe)
-    run = pipe._get_run()
+    run = it.run
     worst = 0
     for _ in range(600):
         next(it)

@@ -10,7 +10,10 @@ evicted again.
 
 Divergence is detected, never silent: the target was produced by chunks that
 were fetched before the checkpoint, so it must reappear before the flush that
-ends its epoch (monotone pipelines: before any record of a later chunk).
+ends its epoch (monotone pipelines: before any record of a later chunk). When it
+reappears, its values must match too: the state carries the value digest of the
+record behind the last delivered output (``value_digest.py``), so data or a
+function that changed under an unchanged position is caught as well.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from ..errors import ReplayDivergence
 from ..ops.base import Operator, OpTraits
 from ..records import Record, SampleCursor
+from .value_digest import value_digest
 
 
 class ReplayFilter(Operator):
@@ -27,12 +31,17 @@ class ReplayFilter(Operator):
         self.name = name
         self.monotone = monotone
         self.targets: dict[int, SampleCursor] = {}
+        self.digests: dict[int, int] = {}
 
-    def set_target(self, lane_id: int, cursor: SampleCursor | None) -> None:
+    def set_target(self, lane_id: int, cursor: SampleCursor | None,
+                   digest: int | None = None) -> None:
+        self.digests.pop(lane_id, None)
         if cursor is None:
             self.targets.pop(lane_id, None)
-        else:
-            self.targets[lane_id] = cursor
+            return
+        self.targets[lane_id] = cursor
+        if digest is not None:
+            self.digests[lane_id] = digest
 
     def process(self, record: Record, lane_id: int) -> list[Record]:
         target = self.targets.get(lane_id)
@@ -40,6 +49,16 @@ class ReplayFilter(Operator):
             return [record]
         if record.cursor == target:
             del self.targets[lane_id]
+            want = self.digests.pop(lane_id, None)
+            if want is not None and value_digest(record.payload) != want:
+                raise ReplayDivergence(
+                    f"replay on lane {lane_id} reproduced the saved cursor {tuple(target)} with "
+                    f"other values (digest {value_digest(record.payload):#010x}, "
+                    f"{want:#010x} before the checkpoint): the data or a map function changed "
+                    "since the checkpoint in a way the content fingerprints did not see (an "
+                    "edited row outside the sampled ones?), or an operator is not "
+                    "deterministic. Restore the data and code of the checkpointed run, or "
+                    "pass load_state_dict(state, allow_changes=...) to accept the change")
         elif self.monotone and record.cursor.chunk_id > target.chunk_id:
             self._diverged(lane_id, target, f"a record of later chunk {record.cursor.chunk_id}")
         return [record.to_tombstone()]

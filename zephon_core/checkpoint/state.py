@@ -4,17 +4,27 @@ A pipeline state is a plain dict (ints, strs, lists, bools, None) so it can
 be stored by msgpack, ``torch.save`` or a trainer's own checkpoint:
 
 ``format``, ``version``, ``fingerprint``, ``config`` (what the fingerprint
-hashes, so a mismatch can say what differs), ``position`` (the global
+hashes, so a mismatch can say what differs), ``content`` (digests of every
+component and user function, ``content.py``), ``position`` (the global
 round-robin position g) and ``lanes`` -- one entry per canonical lane:
 ``lane``, ``floor`` (lowest inflight chunk id), ``next_chunk``, ``chunks``
 (the inflight chunks, in full), ``boundaries`` (incl. the trailing one),
 ``source`` (WorkSource state after the last inflight chunk), ``cursor``
-(replay cursor), ``delivered`` (lane progress), ``exhausted`` and ``tokens``.
+(replay cursor), ``digest`` (value digest behind the last delivered output),
+``delivered`` (lane progress), ``exhausted`` and ``tokens``.
 Per-offset bitmaps are deliberately absent: replay rebuilds them.
+
+Version 1 states (before ``content`` and ``digest``) are still read; they restore
+without the content checks.
+
+``to_dict()`` and ``from_dict()`` copy every container, so a state handed out never
+shares anything with a running pipeline, and editing it changes nothing else.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +34,15 @@ from ..records import SampleCursor
 from ..sources.chunk import WorkChunk
 
 FORMAT = "zephon.pipeline_state"
-VERSION = 1
+VERSION = 2
 
-_LANE_KEYS = {"lane", "floor", "next_chunk", "chunks", "boundaries", "source", "cursor",
-              "delivered", "exhausted", "tokens"}
-_TOP_KEYS = {"format", "version", "fingerprint", "config", "position", "lanes"}
+_LANE_KEYS_V1 = {"lane", "floor", "next_chunk", "chunks", "boundaries", "source", "cursor",
+                 "delivered", "exhausted", "tokens"}
+_LANE_KEYS = _LANE_KEYS_V1 | {"digest"}
+_TOP_KEYS_V1 = {"format", "version", "fingerprint", "config", "position", "lanes"}
+_TOP_KEYS = _TOP_KEYS_V1 | {"content"}
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,36 +57,47 @@ class LaneState:
     delivered: int = 0
     exhausted: bool = False
     tokens: list[int] = field(default_factory=list)
+    digest: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"lane": self.lane, "floor": self.floor, "next_chunk": self.next_chunk,
                 "chunks": [c.to_state() for c in self.chunks],
-                "boundaries": list(self.boundaries), "source": self.source,
+                "boundaries": list(self.boundaries), "source": copy.deepcopy(self.source),
                 "cursor": list(self.cursor) if self.cursor is not None else None,
-                "delivered": self.delivered, "exhausted": self.exhausted,
-                "tokens": list(self.tokens)}
+                "digest": self.digest, "delivered": self.delivered,
+                "exhausted": self.exhausted, "tokens": list(self.tokens)}
 
     @classmethod
-    def from_dict(cls, d: Any) -> LaneState:
-        _check_keys(d, _LANE_KEYS, "lane state")
+    def from_dict(cls, d: Any, version: int = VERSION) -> LaneState:
+        _check_keys(d, _LANE_KEYS if version >= 2 else _LANE_KEYS_V1, "lane state")
         lane = _int(d["lane"], "lane")
         cursor = d["cursor"]
         if cursor is not None:
             if not isinstance(cursor, (list, tuple)) or len(cursor) != 4:
                 raise CorruptCheckpoint(f"lane {lane}: cursor {cursor!r} is not 4 ints")
             cursor = SampleCursor(*(_int(x, "cursor") for x in cursor))
-        chunks = [WorkChunk.from_state(lane, c) for c in _list(d["chunks"], "chunks")]
-        st = cls(lane=lane, floor=_int(d["floor"], "floor"),
-                 next_chunk=_int(d["next_chunk"], "next_chunk"), chunks=chunks,
+        floor, next_chunk = _int(d["floor"], "floor"), _int(d["next_chunk"], "next_chunk")
+        raw_chunks = _list(d["chunks"], "chunks")
+        if len(raw_chunks) != next_chunk - floor:  # before building anything that large
+            raise CorruptCheckpoint(f"lane {lane}: {len(raw_chunks)} inflight chunks, but they "
+                                    f"must be the consecutive range [{floor}, {next_chunk}) "
+                                    "(floor, next_chunk)")
+        chunks = [WorkChunk.from_state(lane, c) for c in raw_chunks]
+        digest = d.get("digest")
+        if digest is not None:
+            digest = _int(digest, "digest")
+        st = cls(lane=lane, floor=floor, next_chunk=next_chunk, chunks=chunks,
                  boundaries=[_int(b, "boundary") for b in _list(d["boundaries"], "boundaries")],
-                 source=d["source"], cursor=cursor,
+                 source=copy.deepcopy(d["source"]), cursor=cursor,
                  delivered=_int(d["delivered"], "delivered"),
                  exhausted=_bool(d["exhausted"], "exhausted"),
-                 tokens=[_int(t, "tokens") for t in _list(d["tokens"], "tokens")])
-        ids = [c.chunk_id for c in chunks]
-        if ids != list(range(st.floor, st.next_chunk)):
-            raise CorruptCheckpoint(f"lane {lane}: inflight chunk ids {ids} are not the "
-                                    f"consecutive range [{st.floor}, {st.next_chunk})")
+                 tokens=[_int(t, "tokens") for t in _list(d["tokens"], "tokens")],
+                 digest=digest)
+        for i, c in enumerate(chunks):
+            if c.chunk_id != floor + i:
+                raise CorruptCheckpoint(f"lane {lane}: inflight chunk ids "
+                                        f"{[c.chunk_id for c in chunks][:20]} are not the "
+                                        f"consecutive range [{floor}, {next_chunk})")
         if not isinstance(st.source, dict):
             raise CorruptCheckpoint(f"lane {lane}: source state is not a dict")
         return st
@@ -84,10 +109,15 @@ class PipelineState:
     config: dict[str, Any]
     position: int
     lanes: dict[int, LaneState]
+    #: component and function digests; None for a version-1 state (not checked)
+    content: dict[str, dict[str, str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
-                "config": self.config, "position": self.position,
+                "config": copy.deepcopy(self.config),
+                "content": copy.deepcopy(self.content) if self.content is not None
+                else {"components": {}, "ops": {}},
+                "position": self.position,
                 "lanes": [self.lanes[k].to_dict() for k in sorted(self.lanes)]}
 
     @classmethod
@@ -95,20 +125,42 @@ class PipelineState:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise CorruptCheckpoint("not a Zephon pipeline state (missing 'format': "
                                     f"{FORMAT!r}); pass what Pipeline.checkpoint() returned")
-        if d.get("version") != VERSION:
+        version = d.get("version")
+        if version not in (1, VERSION) or isinstance(version, bool):
             raise IncompatibleCheckpoint(
-                f"checkpoint schema version {d.get('version')!r}, this Zephon reads version "
+                f"checkpoint schema version {version!r}, this Zephon reads versions 1 to "
                 f"{VERSION}; resume with the Zephon release that wrote it")
-        _check_keys(d, _TOP_KEYS, "pipeline state")
+        _check_keys(d, _TOP_KEYS if version >= 2 else _TOP_KEYS_V1, "pipeline state")
         lanes = {}
         for ld in _list(d["lanes"], "lanes"):
-            ls = LaneState.from_dict(ld)
+            ls = LaneState.from_dict(ld, version)
             if ls.lane in lanes:
                 raise CorruptCheckpoint(f"lane {ls.lane} appears twice")
             lanes[ls.lane] = ls
         if not isinstance(d["config"], dict) or not isinstance(d["fingerprint"], str):
             raise CorruptCheckpoint("config/fingerprint missing or of the wrong type")
-        return cls(d["fingerprint"], d["config"], _int(d["position"], "position"), lanes)
+        content = d.get("content") if version >= 2 else None
+        if content is not None:
+            content = _content(content)
+        else:
+            log.warning("restoring a version-1 Zephon state: it has no content fingerprints, "
+                        "so changed data or functions cannot be detected")
+        return cls(d["fingerprint"], copy.deepcopy(d["config"]), _int(d["position"], "position"),
+                   lanes, content)
+
+
+def _content(c: Any) -> dict[str, dict[str, str]]:
+    if not isinstance(c, dict) or set(c) - {"components", "ops"}:
+        raise CorruptCheckpoint(f"content fingerprints {c!r} are not "
+                                "{'components': {...}, 'ops': {...}}")
+    out = {}
+    for part in ("components", "ops"):
+        table = c.get(part, {})
+        if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in table.items()):
+            raise CorruptCheckpoint(f"content fingerprints {part!r} must map names to strings")
+        out[part] = dict(table)
+    return out
 
 
 def _check_keys(d: Any, keys: set[str], what: str) -> None:

@@ -69,6 +69,11 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
             raise IncompatibleCheckpoint(
                 f"rank {r.rank} runs a differently configured pipeline than rank "
                 f"{reports[0].rank} (fingerprints {r.state.fingerprint} vs {first.fingerprint})")
+        if r.state.content != first.content:
+            raise IncompatibleCheckpoint(
+                f"rank {r.rank} runs over other data or functions than rank {reports[0].rank} "
+                f"(content fingerprints {r.state.content} vs {first.content}); every rank must "
+                "read the same datasets with the same code")
     layouts = {r.rank: r.dp_size for r in reports}
     if len(set(layouts.values())) > 1:
         raise TopologyError("ranks use different data-parallel layouts (dp_size "
@@ -99,6 +104,7 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
     missing = sorted(set(range(num_lanes)) - set(lanes))
     if missing:
         raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")
-    merged = PipelineState(first.fingerprint, first.config, first.position, lanes)
+    merged = PipelineState(first.fingerprint, first.config, first.position, lanes,
+                           first.content)
     check_progress(merged, num_lanes)
     return merged

@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.content import content_fingerprints
 from ..checkpoint.fingerprint import fingerprint
 from ..checkpoint.replay_filter import ReplayFilter
 from ..errors import ConfigError
@@ -48,6 +50,13 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
+    """The compiled plan of a pipeline description.
+
+    ``ops``/``stages`` are bound operator instances used to describe the plan; a run
+    never uses them: :meth:`instantiate` gives every run operators of its own, so no
+    operator state can leak from one run (or DataLoader iterator) into the next.
+    """
+
     source: Any
     ops: tuple[Operator, ...]
     stages: tuple[Stage, ...]
@@ -59,8 +68,18 @@ class Plan:
     prefetch: int
     queue_size: int
     checkpointing: bool
+    stall_timeout_s: float | None
     config: dict[str, Any]
+    content: dict[str, dict[str, str]]
     fingerprint: str
+    user_ops: tuple[Operator, ...]
+
+    def instantiate(self) -> Plan:
+        """The same plan with freshly constructed, bound operators (one set per run)."""
+        ops, replay_filter = _build_ops(self.source, list(self.user_ops), self.seed,
+                                        self.checkpointing, not self.epoch_based)
+        return dataclasses.replace(self, ops=tuple(ops), stages=_stages(ops),
+                                   replay_filter=replay_filter)
 
     def explain(self) -> str:
         lines = []
@@ -139,13 +158,10 @@ def resolve_k(k: int | None, monotone: bool) -> int:
     return k
 
 
-def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | None, seed: int,
-                 prefetch: int, queue_size: int, checkpointing: bool) -> Plan:
-    _validate_ops(ops)
-    ops = [_fresh(op) for op in ops]
-    monotone = all(op.traits.preserves_cursor_order for op in ops)
-    k = resolve_k(k, monotone)
-
+def _build_ops(source: Any, user_ops: list[Operator], seed: int, checkpointing: bool,
+               monotone: bool) -> tuple[list[Operator], ReplayFilter | None]:
+    """Private copies of the user's operators plus the replay filter, all bound."""
+    ops = [_fresh(op) for op in user_ops]
     replay_filter = None
     if checkpointing:
         batch_at = next((i for i, op in enumerate(ops) if isinstance(op, BatchOp)), None)
@@ -154,19 +170,20 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
             ops[-1].name if ops else "source")
         replay_filter = ReplayFilter(f"{neighbour}_replay_filter", monotone=monotone)
         ops.insert(at, replay_filter)
-
     for i, op in enumerate(ops):
         op.stats = OpStats()
         op.bind(OpContext(seed=derive_seed(seed, "op", i, op.name), index=i,
                           component_names=tuple(source.component_names),
                           weights=tuple(source.weights), source=source,
                           upstream=tuple(ops[:i])))
+    return ops, replay_filter
 
+
+def _stages(ops: list[Operator]) -> tuple[Stage, ...]:
     stages: list[Stage] = []
     for op in ops:
-        if getattr(op, "runner", "threads") == "processes":  # validated as stateless above
+        if getattr(op, "runner", "threads") == "processes":  # validated as stateless
             runner = "processes"
-            check_shippable(op)  # bound: exactly what the workers will receive
         elif op.traits.stateless and op.traits.preserves_cursor_order and op.parallelism > 1:
             runner = "threads"
         else:
@@ -175,15 +192,30 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
             stages[-1] = Stage(runner, stages[-1].ops + (op,))
         else:
             stages.append(Stage(runner, (op,)))
+    return tuple(stages)
 
+
+def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | None, seed: int,
+                 prefetch: int, queue_size: int, checkpointing: bool,
+                 stall_timeout_s: float | None = None) -> Plan:
+    _validate_ops(ops)
+    monotone = all(op.traits.preserves_cursor_order for op in ops)
+    k = resolve_k(k, monotone)
+    bound, replay_filter = _build_ops(source, ops, seed, checkpointing, monotone)
+    for op in bound:
+        if getattr(op, "runner", "threads") == "processes":
+            check_shippable(op)  # bound: exactly what the workers will receive
     config = {
         "canonical_replicas": num_lanes,
         "flush_every_k_chunks": k,
         "seed": seed,
         "source": source.describe(),
-        "ops": [op.describe() for op in ops if op is not replay_filter],
+        "ops": [op.describe() for op in bound if op is not replay_filter],
     }
-    return Plan(source=source, ops=tuple(ops), stages=tuple(stages),
+    return Plan(source=source, ops=tuple(bound), stages=_stages(bound),
                 replay_filter=replay_filter, epoch_based=not monotone, k=k,
                 num_lanes=num_lanes, seed=seed, prefetch=prefetch, queue_size=queue_size,
-                checkpointing=checkpointing, config=config, fingerprint=fingerprint(config))
+                checkpointing=checkpointing, stall_timeout_s=stall_timeout_s, config=config,
+                content=content_fingerprints(source, [op for op in bound
+                                                      if op is not replay_filter]),
+                fingerprint=fingerprint(config), user_ops=tuple(ops))

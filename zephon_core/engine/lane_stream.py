@@ -23,10 +23,12 @@ import copy
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from time import perf_counter
 from typing import Any, NamedTuple
 
 from ..checkpoint.state import LaneState
+from ..checkpoint.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
 from ..ops.base import Operator
 from ..ops.batch import BatchOp
@@ -36,6 +38,7 @@ from ..tracking.eviction import Delivery, LaneTracker
 from ..tracking.ledger import LaneLedger
 from .compile import Plan, Stage
 from .processes import StagePool
+from .watchdog import Activity, stalled
 
 RECS, FLUSH, END = 0, 1, 2
 
@@ -56,11 +59,9 @@ def pointer_records(chunk: WorkChunk) -> list[Record]:
 
 def _call_failed(op: Operator, lane: int, record: Record | None, e: Exception) -> PipelineError:
     where = f" at cursor {tuple(record.cursor)}" if record is not None else ""
-    err = PipelineError(f"operator {op.name!r} failed on lane {lane}{where}: "
-                        f"{type(e).__name__}: {e}")
-    err.operator = op.name
-    err.cursor = record.cursor if record is not None else None
-    return err
+    return PipelineError(f"operator {op.name!r} failed on lane {lane}{where}: "
+                         f"{type(e).__name__}: {e}", operator=op.name,
+                         cursor=record.cursor if record is not None else None)
 
 
 def _failing_record(op: Operator, records: list[Record], lane: int) -> Record | None:
@@ -126,28 +127,35 @@ class LaneStream:
         self.source = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
         n_comp = len(plan.source.component_names)
         if restored is not None:
-            self.source.load_state_dict(restored.source)
+            self.source.load_state_dict(copy.deepcopy(restored.source))
             self.replay = deque(restored.chunks)
             self.chunks_replayed = len(restored.chunks)
             floor, next_id = restored.floor, restored.next_chunk
             boundaries, cursor = restored.boundaries, restored.cursor
             delivered, exhausted = restored.delivered, restored.exhausted
             tokens = list(restored.tokens) + [0] * (n_comp - len(restored.tokens))
-            source_state = restored.source
+            source_state, digest = copy.deepcopy(restored.source), restored.digest
         else:
             self.replay = deque()
             self.chunks_replayed = 0
             floor = next_id = delivered = 0
             boundaries, cursor, exhausted, tokens = [], None, False, [0] * n_comp
             source_state = self._source_state() if plan.checkpointing else {}
+            digest = None
         self.next_id = next_id
         self.tracker = LaneTracker(plan.epoch_based, floor, boundaries, cursor, delivered,
                                    n_comp)
         self.tracker.tokens = tokens
         self.ledger = LaneLedger(lane, list(self.replay), boundaries, source_state, next_id)
-        self.initial = Delivery(floor, cursor, delivered, exhausted, tuple(tokens))
+        self.initial = Delivery(floor, cursor, delivered, exhausted, tuple(tokens), digest)
         if plan.replay_filter is not None:
-            plan.replay_filter.set_target(lane, cursor)
+            plan.replay_filter.set_target(lane, cursor, digest)
+        # without batch the replay filter sits at the tail: an output is the record it
+        # will look for, so its digest is taken here (batch records carry their own)
+        self._digest_outputs = (plan.replay_filter is not None
+                                and plan.ops[-1] is plan.replay_filter)
+        self.activity = Activity()
+        self.clock = perf_counter()  # when the lane last produced (or was asked for) output
         self.outputs: Iterator[Output] = self._outputs(exhausted)
 
     def _source_state(self) -> dict:
@@ -163,7 +171,12 @@ class LaneStream:
             if tracker.has_boundary(chunk.chunk_id + 1):
                 yield FLUSH, chunk.chunk_id + 1
         k, ledger = self.plan.k, self.ledger
+        timeout = self.plan.stall_timeout_s
+        self.clock = perf_counter()  # replaying is not stalling
         while True:
+            if timeout is not None and perf_counter() - self.clock > timeout:
+                raise self._busy_without_output(timeout)
+            self.activity.set("the source", None)
             try:
                 chunk = self.source.next_chunk()
             except Exception as e:  # noqa: BLE001
@@ -190,12 +203,22 @@ class LaneStream:
             if boundary:
                 yield FLUSH, chunk.chunk_id + 1
 
+    def _busy_without_output(self, timeout: float) -> PipelineError:
+        counts = ", ".join(f"{op.name}: {op.stats.records_in} in / {op.stats.records_out} out"
+                           for op in self.plan.ops)
+        return stalled(f"lane {self.lane} pulled chunks up to {self.next_id - 1} without "
+                       f"producing an output (an operator drops or holds every record? "
+                       f"records per operator, all lanes: {counts})", timeout)
+
     # -- stages ----------------------------------------------------------------
     def _parallel_stage(self, index: int, stage: Stage, events: Iterator) -> Iterator:
         """Order-preserving parallel map over microbatches, ``queue_size`` ahead."""
         lane, ops, pool, procs = self.lane, stage.ops, self.pool, self.procs
+        label = _stage_label(index, stage)
+        activity = self.activity
 
         def job(recs: list[Record]) -> tuple[list[Record], list[Record]]:
+            activity.set(label, recs[0].cursor if recs else None)
             tombs: list[Record] = []
             out = run_ops(ops, recs, lane, tombs)
             return out, tombs
@@ -204,17 +227,18 @@ class LaneStream:
             def submit(recs: list[Record]) -> Future:
                 return procs.submit(index, lane, recs)
 
-            def result(fut: Future) -> tuple[list[Record], list[Record]]:
-                return procs.collect(index, fut)
+            def result(fut: Future, timeout: float | None) -> tuple[list[Record], list[Record]]:
+                return procs.collect(index, fut, timeout)
         else:
             def submit(recs: list[Record]) -> Future:
                 return pool.submit(job, recs)
 
-            def result(fut: Future) -> tuple[list[Record], list[Record]]:
-                return fut.result()
+            def result(fut: Future, timeout: float | None) -> tuple[list[Record], list[Record]]:
+                return fut.result(timeout)
 
         pending: deque = deque()
         ahead = self.plan.queue_size
+        timeout = self.plan.stall_timeout_s
         upstream_done = False
         while True:
             while not upstream_done and len(pending) < ahead:
@@ -222,24 +246,35 @@ class LaneStream:
                 if ev is None:
                     upstream_done = True
                 elif ev[0] == RECS:
-                    pending.append((RECS, submit(ev[1])))
+                    first = ev[1][0].cursor if ev[1] else None
+                    pending.append((RECS, (submit(ev[1]), first)))
                 else:
                     pending.append(ev)
             if not pending:
                 return
             kind, x = pending.popleft()
             if kind == RECS:
-                out, tombs = result(x)
+                fut, first = x
+                try:
+                    out, tombs = result(fut, timeout)
+                except FutureTimeout:
+                    at = f" on the microbatch starting at cursor {tuple(first)}" if first else ""
+                    raise stalled(f"lane {lane}: {label} did not return{at} within the "
+                                  "timeout (a function blocked in I/O or a lock?)", timeout,
+                                  operator=stage.ops[0].name, cursor=first) from None
                 yield RECS, out + tombs if tombs else out
             else:
                 yield kind, x
 
-    def _inline_stage(self, stage: Stage, events: Iterator) -> Iterator:
+    def _inline_stage(self, index: int, stage: Stage, events: Iterator) -> Iterator:
         lane, ops = self.lane, stage.ops
         rf = self.plan.replay_filter
+        label = _stage_label(index, stage)
+        activity = self.activity
         for kind, x in events:
             tombs: list[Record] = []
             if kind == RECS:
+                activity.set(label, x[0].cursor if x else None)
                 out = run_ops(ops, x, lane, tombs)
             else:
                 out = self._drain(ops, tombs, final=(kind == END))
@@ -279,8 +314,9 @@ class LaneStream:
         events: Iterator = self._chunks()
         for i, stage in enumerate(self.plan.stages):
             events = (self._parallel_stage(i, stage, events) if stage.parallel
-                      else self._inline_stage(stage, events))
+                      else self._inline_stage(i, stage, events))
         tracker, track = self.tracker, self.plan.checkpointing
+        digest_outputs = self._digest_outputs
         for kind, x in events:
             if kind == RECS:
                 for r in x:
@@ -288,9 +324,18 @@ class LaneStream:
                         if track:
                             tracker.close(r.contributors)
                     elif track:
-                        yield Output(r.payload, tracker.deliver(r.contributors, r.cursor))
+                        digest = value_digest(r.payload) if digest_outputs else r.digest
+                        yield Output(r.payload, tracker.deliver(r.contributors, r.cursor,
+                                                                digest))
+                        self.clock = perf_counter()
                     else:
                         yield Output(r.payload, None)
+                        self.clock = perf_counter()
             elif kind == END:
                 yield Output(END_OF_LANE, tracker.finish(self.next_id) if track else None)
                 return
+
+
+def _stage_label(index: int, stage: Stage) -> str:
+    return (f"stage[{index}] ({', '.join(op.name for op in stage.ops)}, "
+            f"runner={stage.runner})")

@@ -1,22 +1,38 @@
-"""Pipeline: the user-facing description of a data pipeline, and its handle.
+"""Pipeline: the frozen description of a data pipeline.
 
-A ``Pipeline`` is a frozen, picklable description: builder methods return a
-new Pipeline. Iterating it compiles the description and starts a private
-:class:`~zephon_core.engine.run.PipelineRun`, which holds all mutable state.
+A ``Pipeline`` describes; it does not run. Builder methods, :meth:`Pipeline.bind` and
+:meth:`Pipeline.with_options` return new pipelines, and setting an attribute raises.
+Running happens in a handle (``engine/handle.py``) that owns the run and its state:
+
+* ``pipe.iterate(restore=state)`` -- a :class:`~zephon_core.engine.handle.PipelineIterator`;
+* ``pipe.dataloader(num_workers=..., restore=state)`` -- a
+  :class:`~zephon_core.engine.torch_data.ZephonDataLoader`.
+
+The conveniences act on the pipeline's *current handle*, the last one made by
+``iter(pipe)`` or ``pipe.dataloader()``; they stay unambiguous because a pipeline has at
+most one live current handle:
+
+* ``iter(pipe)`` returns the current iterator (a second ``for`` loop continues the
+  stream), or makes one;
+* ``pipe.checkpoint()`` / ``state_dict()``, ``stats()``, ``close()`` ask the current
+  handle; with none, ``checkpoint()`` is the state the next handle starts from;
+* ``pipe.load_state_dict(state)`` sets where the next current handle starts; it is
+  refused while a current handle is live (restore first, or pass ``restore=``), and a
+  handle made after a closed one needs a new ``load_state_dict`` or an explicit
+  ``restore=`` (it would otherwise repeat data).
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import codec
-from ..checkpoint.fingerprint import config_diff
-from ..checkpoint.state import PipelineState, check_progress
-from ..distributed.topology import Topology, detect, validate
-from ..errors import ConfigError, IncompatibleCheckpoint
+from ..checkpoint.restore import admit
+from ..checkpoint.state import PipelineState
+from ..distributed.topology import Topology, detect, rank_lanes, validate
+from ..errors import ConfigError, LifecycleError
 from ..ops import (
     BatchOp,
     EnsureMixtureOp,
@@ -30,12 +46,18 @@ from ..ops import (
 )
 from ..sources.base import SourceSpec
 from .compile import Plan, compile_plan
-from .run import PipelineRun
+from .handle import PipelineIterator, StreamHandle
+from .run import initial_state
 from .torch_data import ZephonDataLoader, ZephonIterableDataset
+
+DEFAULT_STALL_TIMEOUT_S = 600.0
+#: runtime options ``with_options`` may change (none of them changes the stream)
+_OPTIONS = ("prefetch", "queue_size", "aggregate_dir", "aggregate_store",
+            "aggregate_timeout_s", "stall_timeout_s")
 
 
 class Pipeline:
-    """A deterministic, checkpointable stream of records or batches.
+    """A deterministic, checkpointable stream of records or batches (a frozen description).
 
     Example::
 
@@ -44,8 +66,10 @@ class Pipeline:
                 .map(tokenize, parallelism=4, name="tokenize")
                 .split(max_len=2048).pack(seq_len=2048).shuffle(buffer_size=1024)
                 .ensure_mixture().batch(batch_size=8))
-        it = iter(pipe); batch = next(it)
-        state = pipe.checkpoint()          # plain dict; pipe2.load_state_dict(state) resumes
+        with pipe.iterate() as it:
+            batch = next(it)
+            state = it.state_dict()        # a plain dict
+        with pipe.iterate(restore=state) as it2: ...   # continues exactly
 
     Args:
         source: a :class:`~zephon_core.sources.base.SourceSpec`, e.g.
@@ -65,13 +89,16 @@ class Pipeline:
             ``aggregate_dir``. With neither, ``"torch://"`` is used when
             torch.distributed is initialized.
         aggregate_timeout_s: one time budget for a whole aggregation round.
+        stall_timeout_s: the longest a consumer waits for one output (and a lane works
+            without producing one) before ``PipelineStalled``; None disables.
     """
 
     def __init__(self, source: SourceSpec, canonical_replicas: int = 1,
                  flush_every_k_chunks: int | None = None, seed: int = 0, *,
                  prefetch: int = 3, queue_size: int = 2, checkpointing: bool = True,
                  aggregate_dir: str | os.PathLike | None = None,
-                 aggregate_store: Any = None, aggregate_timeout_s: float = 300.0):
+                 aggregate_store: Any = None, aggregate_timeout_s: float = 300.0,
+                 stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S):
         for attr in ("open_lane", "read", "describe", "component_names", "weights"):
             if not hasattr(source, attr):
                 raise ConfigError(f"source {type(source).__name__} lacks {attr!r}; pass a "
@@ -81,41 +108,39 @@ class Pipeline:
             raise ConfigError(f"canonical_replicas={canonical_replicas!r} must be an int >= 1")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed={seed!r} must be an int")
-        for name, v in (("prefetch", prefetch), ("queue_size", queue_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "prefetch"
-                                                                     else 1):
-                raise ConfigError(f"{name}={v!r} must be an int >= "
-                                  f"{0 if name == 'prefetch' else 1}")
-        self.source = source
-        self.canonical_replicas = canonical_replicas
-        self.flush_every_k_chunks = flush_every_k_chunks
-        self.seed = seed
-        self.prefetch = prefetch
-        self.queue_size = queue_size
-        self.checkpointing = checkpointing
-        if aggregate_dir is not None and aggregate_store is not None:
-            raise ConfigError("pass aggregate_dir or aggregate_store, not both")
-        if not (isinstance(aggregate_timeout_s, (int, float)) and aggregate_timeout_s > 0):
-            raise ConfigError(f"aggregate_timeout_s={aggregate_timeout_s!r} must be > 0")
-        self.aggregate_dir = os.fspath(aggregate_dir) if aggregate_dir is not None else None
-        self.aggregate_store = aggregate_store
-        self.aggregate_timeout_s = float(aggregate_timeout_s)
-        self._bind: dict[str, int] = {}
-        self._ops: tuple[Operator, ...] = ()
-        self._plan: Plan | None = None
-        self._run: PipelineRun | None = None
-        self._loader: ZephonDataLoader | None = None
-        self._aggregator: Any = None
-        self._restore: PipelineState | None = None
+        if not isinstance(checkpointing, bool):
+            raise ConfigError(f"checkpointing={checkpointing!r} must be True or False")
+        values = dict(source=source, canonical_replicas=canonical_replicas,
+                      flush_every_k_chunks=flush_every_k_chunks, seed=seed,
+                      checkpointing=checkpointing, _bind={}, _ops=(), _plan=None,
+                      _restore=None, _restore_used=False, _current=None)
+        values.update(_checked_options(dict(
+            prefetch=prefetch, queue_size=queue_size, aggregate_dir=aggregate_dir,
+            aggregate_store=aggregate_store, aggregate_timeout_s=aggregate_timeout_s,
+            stall_timeout_s=stall_timeout_s)))
+        self.__dict__.update(values)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a Pipeline is a frozen description, so {name!r} cannot be set: "
+                             "builder methods, bind() and with_options() return new pipelines")
+
+    def _evolve(self, **changes: Any) -> Pipeline:
+        """A new description: no handle and no pending restore; the plan is recompiled."""
+        new = object.__new__(Pipeline)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(_plan=None, _restore=None, _restore_used=False, _current=None)
+        new.__dict__.update(changes)
+        return new
+
+    def _set(self, **values: Any) -> None:
+        self.__dict__.update(values)
 
     # -- building -------------------------------------------------------------------
     def then(self, op: Operator) -> Pipeline:
         """A new pipeline with ``op`` appended (custom operators go through here)."""
         if not isinstance(op, Operator):
             raise ConfigError(f"then({op!r}): expected a zephon_core.Operator instance")
-        new = self.description()
-        new._ops = self._ops + (op,)
-        return new
+        return self._evolve(_ops=self._ops + (op,))
 
     @property
     def operators(self) -> tuple[Operator, ...]:
@@ -135,24 +160,32 @@ class Pipeline:
         return pipe.bind(rank=rank, world_size=world_size) if world_size > 1 else pipe
 
     def description(self) -> Pipeline:
-        """A copy holding only the description (no run, no pending restore)."""
-        new = copy.copy(self)
-        new._plan = new._run = new._restore = new._loader = new._aggregator = None
-        return new
+        """A copy holding only the description (no handle, no pending restore)."""
+        return self._evolve()
+
+    def with_options(self, **options: Any) -> Pipeline:
+        """A copy with other runtime options (``prefetch``, ``queue_size``,
+        ``aggregate_dir``, ``aggregate_store``, ``aggregate_timeout_s``,
+        ``stall_timeout_s``); none of them changes the stream or the fingerprint."""
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ConfigError(f"with_options({', '.join(unknown)}=...): not a runtime option; "
+                              f"use any of {list(_OPTIONS)}")
+        merged = {k: getattr(self, k) for k in _OPTIONS}
+        merged.update(options)
+        return self._evolve(**_checked_options(merged))
 
     def bind(self, *, rank: int | None = None, world_size: int | None = None,
              dp_rank: int | None = None, dp_size: int | None = None) -> Pipeline:
-        """Override the topology taken from torch.distributed (model-parallel peers share a
-        ``dp_rank`` and get identical data). Call before iterating."""
-        if self._run is not None or self._loader is not None:
-            raise ConfigError("bind() must be called before the pipeline is iterated")
-        self._bind = {k: v for k, v in dict(rank=rank, world_size=world_size, dp_rank=dp_rank,
-                                            dp_size=dp_size).items() if v is not None}
-        if "rank" in self._bind and "dp_rank" not in self._bind and "dp_size" not in self._bind:
-            self._bind.update(dp_rank=self._bind["rank"],
-                              dp_size=self._bind.get("world_size", 1))
-        self.topology()  # validate now
-        return self
+        """A copy with the topology taken from torch.distributed overridden
+        (model-parallel peers share a ``dp_rank`` and get identical data)."""
+        b = {k: v for k, v in dict(rank=rank, world_size=world_size, dp_rank=dp_rank,
+                                   dp_size=dp_size).items() if v is not None}
+        if "rank" in b and "dp_rank" not in b and "dp_size" not in b:
+            b.update(dp_rank=b["rank"], dp_size=b.get("world_size", 1))
+        new = self._evolve(_bind=b)
+        new.topology()  # validate now
+        return new
 
     def topology(self) -> Topology:
         """Where this process sits (torch.distributed defaults + ``bind()`` overrides)."""
@@ -164,14 +197,17 @@ class Pipeline:
         return self.then(FetchOp(parallelism))
 
     def map(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
-            batched: bool = False, runner: str = "threads") -> Pipeline:
+            batched: bool = False, runner: str = "threads",
+            version: str | None = None) -> Pipeline:
         """``runner="processes"`` runs ``fn`` on worker processes (GIL-bound functions;
-        ``fn`` must be picklable, e.g. defined at module level)."""
-        return self.then(MapOp(fn, parallelism, name, batched, runner))
+        ``fn`` must be picklable, e.g. defined at module level). ``version`` names the
+        function's behaviour in place of its automatic content fingerprint."""
+        return self.then(MapOp(fn, parallelism, name, batched, runner, version))
 
     def filter(self, predicate: Callable[[Any], bool], parallelism: int = 1,
-               name: str | None = None, runner: str = "threads") -> Pipeline:
-        return self.then(FilterOp(predicate, parallelism, name, runner))
+               name: str | None = None, runner: str = "threads",
+               version: str | None = None) -> Pipeline:
+        return self.then(FilterOp(predicate, parallelism, name, runner, version))
 
     def split(self, max_len: int, key: str = "input_ids") -> Pipeline:
         return self.then(SplitOp(max_len, key))
@@ -193,31 +229,52 @@ class Pipeline:
 
     # -- planning -------------------------------------------------------------------
     def compile(self) -> Plan:
+        """The compiled plan (cached: a description never changes)."""
         if self._plan is None:
-            self._plan = compile_plan(self.source, list(self._ops),
-                                      num_lanes=self.canonical_replicas,
-                                      k=self.flush_every_k_chunks, seed=self.seed,
-                                      prefetch=self.prefetch, queue_size=self.queue_size,
-                                      checkpointing=self.checkpointing)
+            self._set(_plan=compile_plan(self.source, list(self._ops),
+                                         num_lanes=self.canonical_replicas,
+                                         k=self.flush_every_k_chunks, seed=self.seed,
+                                         prefetch=self.prefetch, queue_size=self.queue_size,
+                                         checkpointing=self.checkpointing,
+                                         stall_timeout_s=self.stall_timeout_s))
         return self._plan
 
     def explain(self) -> str:
         return self.compile().explain()
 
-    # -- running --------------------------------------------------------------------
-    def _get_run(self) -> PipelineRun:
-        if self._loader is not None:
-            raise ConfigError("this pipeline is consumed through pipe.dataloader(); iterate "
-                              "the loader, not the pipeline")
-        if self._run is None:
-            plan = self.compile()
-            topo = self.topology()
-            self._run = PipelineRun(plan, self._restore, Topology(
-                topo.rank, topo.world_size, topo.dp_rank, topo.dp_size))
-        return self._run
+    # -- handles ----------------------------------------------------------------------
+    def _admit(self, state: Any, allow_changes: Iterable[str]) -> PipelineState:
+        if not self.checkpointing:
+            raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
+        return admit(state, self.compile(), allow_changes)
 
-    def __iter__(self) -> Iterator[Any]:
-        return self._get_run()
+    def iterate(self, restore: Any = None, *, allow_changes: Iterable[str] = ()
+                ) -> PipelineIterator:
+        """An independent iterator owning its own run.
+
+        Args:
+            restore: a state from ``state_dict()``/``checkpoint()`` to continue from;
+                default: the state given to ``load_state_dict()``, else the beginning.
+            allow_changes: see :meth:`load_state_dict`.
+        """
+        start = self._admit(restore, allow_changes) if restore is not None else self._restore
+        return PipelineIterator(self, start)
+
+    def dataloader(self, num_workers: int = 0, pin_memory: bool = False,
+                   max_read_ahead: int = 16, *, restore: Any = None,
+                   allow_changes: Iterable[str] = (), **kwargs: Any) -> ZephonDataLoader:
+        """A DataLoader serving this rank's lanes; it becomes the pipeline's current handle.
+        ``(canonical_replicas / dp_size) % num_workers`` must be 0. ``max_read_ahead``: how
+        many batches the training loop may take beyond the last one it consumed and still
+        ``checkpoint(served=...)`` at that one. ``restore``: as in :meth:`iterate`."""
+        start = self._next_start(restore, allow_changes, "pipe.dataloader()")
+        topo = self.topology()
+        loader = ZephonDataLoader(self, Topology(topo.rank, topo.world_size, topo.dp_rank,
+                                                 topo.dp_size), start,
+                                  num_workers=num_workers, pin_memory=pin_memory,
+                                  max_read_ahead=max_read_ahead, **kwargs)
+        self._set(_current=loader, _restore_used=True)
+        return loader
 
     def torch_dataset(self) -> ZephonIterableDataset:
         """A torch IterableDataset yielding ``(batch, LaneDelta)``; prefer ``dataloader()``."""
@@ -225,32 +282,117 @@ class Pipeline:
         return ZephonIterableDataset(self, Topology(topo.rank, topo.world_size, topo.dp_rank,
                                                     topo.dp_size), self._restore)
 
-    def dataloader(self, num_workers: int = 0, pin_memory: bool = False,
-                   max_read_ahead: int = 16, **kwargs: Any) -> ZephonDataLoader:
-        """A ready DataLoader serving this rank's lanes; ``checkpoint()`` then follows the
-        batches it handed out. ``(canonical_replicas / dp_size) % num_workers`` must be 0.
-        ``max_read_ahead``: how many batches the training loop may take beyond the last
-        one it consumed and still ``checkpoint(served=...)`` at that one."""
-        if self._run is not None:
-            raise ConfigError("this pipeline is already being iterated directly; build the "
-                              "dataloader before iterating")
+    def _live_current(self) -> StreamHandle | None:
+        cur = self._current
+        return cur if cur is not None and not cur.closed else None
+
+    def _next_start(self, restore: Any, allow_changes: Iterable[str],
+                    what: str) -> PipelineState | None:
+        live = self._live_current()
+        if live is not None:
+            raise LifecycleError(
+                f"{what}: this pipeline already has a live "
+                f"{'loader' if isinstance(live, ZephonDataLoader) else 'iterator'}; close it "
+                "first (pipe.close()), or use pipe.iterate() for an independent iterator")
+        if restore is not None:
+            start = self._admit(restore, allow_changes)
+        else:
+            if self._restore_used:
+                where = "the loaded state" if self._restore is not None else "the beginning"
+                raise LifecycleError(
+                    f"{what}: this pipeline's stream was started by a handle that is now "
+                    f"closed; another would repeat its data from {where}. Continue with "
+                    f"restore=pipe.checkpoint(), or call load_state_dict() first")
+            start = self._restore
+        return start
+
+    # -- conveniences over the current handle -------------------------------------------
+    def __iter__(self) -> PipelineIterator:
+        live = self._live_current()
+        if isinstance(live, PipelineIterator):
+            return live
+        if live is not None:
+            raise LifecycleError("this pipeline is consumed through pipe.dataloader(); "
+                                 "iterate the loader, not the pipeline")
+        it = PipelineIterator(self, self._next_start(None, (), "iter(pipe)"))
+        self._set(_current=it, _restore_used=True)
+        return it
+
+    def load_state_dict(self, state: dict[str, Any], *,
+                        allow_changes: Iterable[str] = ()) -> None:
+        """Set the state the next ``iter(pipe)`` / ``pipe.dataloader()`` starts from.
+
+        Everything is validated here, before any work (see ``checkpoint/restore.py``).
+
+        Args:
+            state: what ``checkpoint()``/``state_dict()`` returned (or ``Pipeline.load``).
+            allow_changes: accept a deliberate content change: ``"data"`` (datasets whose
+                rows changed) and/or ``"functions"`` (map/filter functions that changed).
+                Positions continue; values come from the new content.
+
+        Raises:
+            LifecycleError: the pipeline already has a live iterator or loader.
+            CorruptCheckpoint / IncompatibleCheckpoint: see ``checkpoint/restore.py``.
+        """
+        live = self._live_current()
+        if live is not None:
+            raise LifecycleError(
+                "load_state_dict() must come before iter(pipe) / pipe.dataloader(): this "
+                f"pipeline already has a live {'loader' if isinstance(live, ZephonDataLoader) else 'iterator'}"
+                ", which would not follow the restore. Restore first, pass the state to the "
+                "handle (pipe.iterate(restore=state), pipe.dataloader(restore=state)), or "
+                "pipe.close() first")
+        parsed = self._admit(state, allow_changes)
+        self._set(_restore=parsed, _restore_used=False, _current=None)
+
+    def checkpoint(self, served: int | None = None) -> dict[str, Any]:
+        """The current handle's state (see the handle's ``checkpoint``); with none, the state
+        the next handle starts from."""
+        cur = self._current
+        if cur is not None:
+            return cur.checkpoint(served)
+        if served is not None:
+            raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
+        if not self.checkpointing:
+            raise ConfigError("this pipeline was built with checkpointing=False; build it "
+                              "with checkpointing=True to take checkpoints")
+        start = self._restore or initial_state(self.compile(), list(range(self.canonical_replicas)))
+        return start.to_dict()
+
+    state_dict = checkpoint
+
+    def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
+        """This rank's lanes only (see ``StreamHandle.local_checkpoint``)."""
+        cur = self._current
+        if cur is not None:
+            return cur.local_checkpoint(served)
+        full = PipelineState.from_dict(self.checkpoint(served))
         topo = self.topology()
-        self._loader = ZephonDataLoader(self, Topology(topo.rank, topo.world_size,
-                                                       topo.dp_rank, topo.dp_size),
-                                        self._restore, num_workers=num_workers,
-                                        pin_memory=pin_memory, max_read_ahead=max_read_ahead,
-                                        **kwargs)
-        return self._loader
+        mine = rank_lanes(self.canonical_replicas, topo.dp_size, topo.dp_rank, full.position)
+        full.lanes = {lane: full.lanes[lane] for lane in mine}
+        return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
+                "state": full.to_dict()}
 
     def stats(self) -> dict[str, Any]:
-        return self._get_run().stats()
+        """The current handle's live counters."""
+        cur = self._current
+        if cur is None:
+            raise LifecycleError("stats() of a pipeline that is not running: iterate it first")
+        return cur.stats()
+
+    @property
+    def chunks_replayed(self) -> int:
+        """Restored inflight chunks replayed by the current iterator's lanes."""
+        cur = self._current
+        if not isinstance(cur, PipelineIterator):
+            raise LifecycleError("chunks_replayed is known for an iterator of this process "
+                                 "(iter(pipe) or pipe.iterate()), not before or for a loader")
+        return cur.chunks_replayed
 
     def close(self) -> None:
-        if self._run is not None:
-            self._run.close()
-        if self._aggregator is not None:
-            self._aggregator.close()
-            self._aggregator = None
+        """Close the current handle (idempotent); its state stays readable."""
+        if self._current is not None:
+            self._current.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -258,83 +400,16 @@ class Pipeline:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
-
     def __getstate__(self) -> dict[str, Any]:
+        # a pipeline pickles as its description (plus a pending restore)
         state = self.__dict__.copy()
-        state["_plan"] = state["_run"] = state["_loader"] = state["_aggregator"] = None
+        state.update(_plan=None, _current=None, _restore_used=False)
         return state
 
-    # -- checkpointing ------------------------------------------------------------------
-    def checkpoint(self, served: int | None = None) -> dict[str, Any]:
-        """The state of every lane as delivered to the consumer, as a plain dict.
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
-        Args:
-            served: with ``dataloader()``, the state right after the first ``served``
-                batches the loader handed out (a trainer that reads one batch ahead passes
-                the number its training step consumed); default: all handed out.
-        """
-        if not self.checkpointing:
-            raise ConfigError("this pipeline was built with checkpointing=False; build it "
-                              "with checkpointing=True to take checkpoints")
-        local = self._local_state(served)
-        if len(local.lanes) == self.canonical_replicas and self.topology().world_size == 1:
-            return local.to_dict()
-        return self._aggregate(local)
-
-    state_dict = checkpoint
-
-    def _local_state(self, served: int | None = None) -> PipelineState:
-        if not self.checkpointing:
-            raise ConfigError("this pipeline was built with checkpointing=False; build it "
-                              "with checkpointing=True to take checkpoints")
-        if self._loader is not None:
-            return self._loader.consumer.snapshot(served)
-        if served is not None:
-            raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
-        return self._get_run().snapshot()
-
-    def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
-        """This rank's lanes only, without an aggregation round: the report a rank sends.
-        Merge the reports of all ranks with ``zephon_core.distributed.merge_local_checkpoints``
-        (what the aggregation leader does)."""
-        topo = self.topology()
-        return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
-                "state": self._local_state(served).to_dict()}
-
-    def _aggregate(self, local: PipelineState) -> dict[str, Any]:
-        from ..distributed.aggregate import Aggregator
-
-        if self._aggregator is None:
-            self._aggregator = Aggregator.create(self.topology(), self.aggregate_dir,
-                                                 self.aggregate_store,
-                                                 self.aggregate_timeout_s,
-                                                 self.canonical_replicas)
-        return self._aggregator.round(local).to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state``; iteration then continues exactly where it was taken."""
-        if not self.checkpointing:
-            raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
-        parsed = PipelineState.from_dict(state)
-        plan = self.compile()
-        if parsed.fingerprint != plan.fingerprint:
-            diff = config_diff(parsed.config, plan.config)
-            raise IncompatibleCheckpoint(
-                "the checkpoint was written by a differently configured pipeline: "
-                + ("; ".join(diff[:10]) if diff else "fingerprints differ")
-                + ". Rebuild the pipeline exactly as it was when the checkpoint was taken.")
-        check_progress(parsed, self.canonical_replicas)
-        if self._run is not None:
-            self._run.close()
-        self._run = self._loader = None
-        self._plan = None  # fresh operator state for the new run
-        self._restore = parsed
-
+    # -- files ------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> int:
         """Write ``checkpoint()`` to ``path`` atomically; returns the size in bytes."""
         data = codec.encode(self.checkpoint())
@@ -350,7 +425,28 @@ class Pipeline:
         """``load_state_dict(Pipeline.load(path))``."""
         self.load_state_dict(self.load(path))
 
-    @property
-    def chunks_replayed(self) -> int:
-        """Restored inflight chunks replayed by this process's lanes."""
-        return self._get_run().chunks_replayed
+    def _aggregator_for(self, topology: Topology) -> Any:
+        from ..distributed.aggregate import Aggregator
+
+        return Aggregator.create(topology, self.aggregate_dir, self.aggregate_store,
+                                 self.aggregate_timeout_s, self.canonical_replicas)
+
+
+def _checked_options(o: dict[str, Any]) -> dict[str, Any]:
+    for name, low in (("prefetch", 0), ("queue_size", 1)):
+        v = o[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"{name}={v!r} must be an int >= {low}")
+    if o["aggregate_dir"] is not None and o["aggregate_store"] is not None:
+        raise ConfigError("pass aggregate_dir or aggregate_store, not both")
+    t = o["aggregate_timeout_s"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        raise ConfigError(f"aggregate_timeout_s={t!r} must be a number > 0")
+    s = o["stall_timeout_s"]
+    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0):
+        raise ConfigError(f"stall_timeout_s={s!r} must be a number of seconds > 0, or None "
+                          "to disable the watchdog")
+    return {**o, "aggregate_dir": os.fspath(o["aggregate_dir"])
+            if o["aggregate_dir"] is not None else None,
+            "aggregate_timeout_s": float(t),
+            "stall_timeout_s": float(s) if s is not None else None}

@@ -17,6 +17,7 @@ import logging
 import multiprocessing as mp
 import pickle
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
@@ -78,35 +79,50 @@ def can_start_processes() -> bool:
 
 
 class StagePool:
-    """The worker processes of every ``runner=processes`` stage of a plan."""
+    """The worker processes of every ``runner=processes`` stage of a plan (started on the
+    first microbatch, so a run that is only checkpointed starts none)."""
 
     def __init__(self, plan: Plan):
         stages = {i: st.ops for i, st in enumerate(plan.stages) if st.runner == "processes"}
         self.ops = stages
-        shipped = {i: tuple(shippable(op) for op in ops) for i, ops in stages.items()}
-        cap = max(sum(op.parallelism for op in ops) for ops in stages.values())
-        if "forkserver" in mp.get_all_start_methods():
-            ctx = mp.get_context("forkserver")
-            # workers fork from a server that imported the engine (and torch) once
-            ctx.set_forkserver_preload(["zephon_core"])
-        else:
-            ctx = mp.get_context("spawn")
-        self.pool = ProcessPoolExecutor(cap, mp_context=ctx, initializer=_install,
-                                        initargs=(shipped,))
+        self._shipped = {i: tuple(shippable(op) for op in ops) for i, ops in stages.items()}
+        self._cap = max(sum(op.parallelism for op in ops) for ops in stages.values())
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    @property
+    def pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            if self._closed:
+                raise BrokenProcessPool("the stage's process pool was closed")
+            if "forkserver" in mp.get_all_start_methods():
+                ctx = mp.get_context("forkserver")
+                # workers fork from a server that imported the engine (and torch) once
+                ctx.set_forkserver_preload(["zephon_core"])
+            else:
+                ctx = mp.get_context("spawn")
+            self._pool = ProcessPoolExecutor(self._cap, mp_context=ctx, initializer=_install,
+                                             initargs=(self._shipped,))
+        return self._pool
 
     def _failed(self, stage: int, e: BaseException) -> PipelineError:
         names = ", ".join(repr(op.name) for op in self.ops[stage])
-        if isinstance(e, (BrokenProcessPool, BrokenPipeError)):
-            why = ("died or could not start: its functions must be importable there (defined "
-                   "in a module file, not a notebook cell; scripts need an "
-                   "`if __name__ == '__main__':` guard) and must not exit the process")
+        if isinstance(e, (BrokenProcessPool, BrokenPipeError, EOFError, ConnectionError)):
+            codes = [p.exitcode for p in list((self._pool._processes or {}).values())
+                     if p.exitcode is not None] if self._pool is not None else []
+            killed = [c for c in codes if c < 0]
+            how = (f"was killed by signal {-killed[0]} (out of memory? an external kill?)"
+                   if killed else f"exited with code {codes[0]}" if codes else
+                   "died or could not start")
+            why = (f"{how}: functions run there must be importable (defined in a module "
+                   "file, not a notebook cell; scripts need an `if __name__ == '__main__':` "
+                   "guard) and must not exit the process; the run cannot continue, restore "
+                   "from a checkpoint")
         else:
             why = f"could not exchange a microbatch ({type(e).__name__}: {e}); " \
                   "records and results must pickle"
-        err = PipelineError(f"a worker process of the runner='processes' stage ({names}) {why}")
-        err.operator = self.ops[stage][0].name
-        err.cursor = None
-        return err
+        return PipelineError(f"a worker process of the runner='processes' stage ({names}) {why}",
+                             operator=self.ops[stage][0].name)
 
     def submit(self, stage: int, lane: int, records: list[Record]) -> Future:
         try:
@@ -114,11 +130,12 @@ class StagePool:
         except (BrokenProcessPool, BrokenPipeError) as e:
             raise self._failed(stage, e) from e
 
-    def collect(self, stage: int, future: Future) -> tuple[list[Record], list[Record]]:
+    def collect(self, stage: int, future: Future, timeout: float | None = None
+                ) -> tuple[list[Record], list[Record]]:
         """The job's (outputs, tombstones); its counts are added to this process's stats."""
         try:
-            out, tombs, counts = future.result()
-        except ZephonError:  # raised by an operator in the worker: typed and located
+            out, tombs, counts = future.result(timeout)
+        except (ZephonError, FutureTimeout):  # typed in the worker / the caller's watchdog
             raise
         except Exception as e:  # noqa: BLE001 - the pool's own failures, named here
             raise self._failed(stage, e) from e
@@ -130,4 +147,6 @@ class StagePool:
         return out, tombs
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -13,23 +13,27 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from time import monotonic
 
-from ..errors import PipelineError
+from ..errors import LifecycleError
 from .lane_stream import END_OF_LANE, LaneStream, Output
+from .watchdog import stalled
 
 
 class Pump:
     def __init__(self, streams: dict[int, LaneStream], order: list[int], prefetch: int,
-                 next_turn: Callable[[], int]):
+                 next_turn: Callable[[], int], stall_timeout_s: float | None = None):
         self._streams = streams
         self._order = order
         self._prefetch = max(1, prefetch)
         self._next_turn = next_turn
+        self._timeout = stall_timeout_s
         self._queues: dict[int, deque[Output]] = {lane: deque() for lane in order}
         self._done: dict[int, bool] = {lane: False for lane in order}
         self._cond = threading.Condition()
         self._stop = False
         self._error: BaseException | None = None
+        self._working: int | None = None  # the lane the pump thread is advancing
         self._thread = threading.Thread(target=self._run, name="zephon-pump", daemon=True)
         self._thread.start()
 
@@ -59,8 +63,10 @@ class Pump:
                         cond.wait()
                     if self._stop:
                         return
+                    self._working = lane
                 out = next(self._streams[lane].outputs)
                 with cond:
+                    self._working = None
                     self._queues[lane].append(out)
                     if out.payload is END_OF_LANE:
                         self._done[lane] = True
@@ -72,17 +78,35 @@ class Pump:
 
     def take(self, lane: int) -> Output:
         cond = self._cond
+        timeout = self._timeout
+        deadline = None if timeout is None else monotonic() + timeout
         with cond:
             q = self._queues[lane]
             while not q:
                 if self._error is not None:
                     raise self._error
                 if self._stop:
-                    raise PipelineError("the pipeline was closed")
-                cond.wait()
+                    raise LifecycleError("the pipeline run was closed while waiting for lane "
+                                         f"{lane}'s next output")
+                left = None if deadline is None else deadline - monotonic()
+                if left is not None and left <= 0:
+                    raise self._stalled(lane, timeout)
+                cond.wait(left)
             out = q.popleft()
             cond.notify_all()
             return out
+
+    def _stalled(self, lane: int, timeout: float) -> BaseException:
+        working = self._working
+        if working is None:
+            what = "the pump thread is idle (its queues are full)"
+            activity = ""
+        else:
+            stream = self._streams[working]
+            what = f"the pump thread is advancing lane {working}"
+            activity = ": " + stream.activity.describe(working)
+        return stalled(f"the consumer waited for lane {lane}'s next output; {what}{activity}",
+                       timeout)
 
     def queued(self) -> dict[int, int]:
         return {lane: len(q) for lane, q in self._queues.items()}

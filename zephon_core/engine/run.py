@@ -4,6 +4,14 @@ The consumer takes outputs round-robin over the lanes this process owns (see
 ``distributed/topology.py``); after each one it adopts the state that
 travelled with it and trims that lane's ledger. A checkpoint is therefore
 defined by delivered outputs, however far the pump ran ahead.
+
+A turn is taken in two steps, :meth:`PipelineRun.prepare` (the next output, not yet
+delivered) and :meth:`PipelineRun.commit`, so that ranks can agree on a finite
+stream's end before any of them delivers the step (``distributed/finite_end.py``).
+
+A turn whose lane has ended (a finite stream) is skipped with one data-parallel
+rank. With several, it is a hole in the step every rank serves together, and the
+stream ends there for every rank (see ``finite_end.py`` for why).
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ from typing import Any
 
 from ..checkpoint.state import LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
+from ..errors import LifecycleError
 from ..tracking.eviction import Delivery
 from ..tracking.mirror import LaneDelta
+from ..ops.batch import BatchOp
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
 from .processes import StagePool, can_start_processes
@@ -47,6 +57,7 @@ class PipelineRun:
         lanes = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
         self.order = worker_lanes(lanes, topology.num_workers, topology.worker_id)
         self.turn = 0
+        self.ended = False  # a hole ended this rank's stream (several dp ranks)
         self.procs = None
         if any(st.runner == "processes" for st in plan.stages):
             if can_start_processes():
@@ -79,7 +90,7 @@ class PipelineRun:
         if self.plan.prefetch > 0:
             if self.pump is None:
                 self.pump = Pump(self.streams, self.order, self.plan.prefetch,
-                                 lambda: self.turn)
+                                 lambda: self.turn, self.plan.stall_timeout_s)
             return self.pump.take(lane)
         return next(self.streams[lane].outputs)
 
@@ -87,36 +98,62 @@ class PipelineRun:
         return self
 
     def __next__(self) -> Any:
-        if self.closed:
+        step = self.prepare()
+        if step is None:
             raise StopIteration
+        return self.commit(step)
+
+    def prepare(self) -> tuple[int, Output] | None:
+        """The next turn's output, not yet delivered; None once this process's stream ended.
+
+        Turns of ended lanes are consumed on the way (a ``SKIP`` output when a consumer in
+        another process must see every turn); with several dp ranks such a turn ends the
+        stream instead.
+        """
+        if self.closed:
+            raise LifecycleError("this pipeline run was closed")
         if self.started_at is None:
             self.started_at = time.perf_counter()
         n = len(self.order)
-        while not all(d.exhausted for d in self.delivered.values()):
+        several = self.topology.dp_size > 1
+        while not self.ended and not all(d.exhausted for d in self.delivered.values()):
             lane = self.order[self.turn % n]
             if self.delivered[lane].exhausted:
-                self.turn += 1
                 if self.emit_skips:
-                    self.last_lane = lane
-                    return SKIP
+                    return lane, Output(SKIP, None)
+                if several:
+                    self.ended = True
+                    break
+                self.turn += 1
                 continue
             out = self._take(lane)
+            if out.payload is not END_OF_LANE:
+                return lane, out
+            self._adopt(lane, out)
+            if self.emit_skips:
+                return lane, Output(SKIP, None)
+            if several:
+                self.ended = True
+                break
             self.turn += 1
-            if out.state is not None:
-                self.delivered[lane] = out.state
-                self.streams[lane].ledger.trim(out.state.floor)
-            elif out.payload is END_OF_LANE:
-                d = self.delivered[lane]
-                self.delivered[lane] = d._replace(exhausted=True)
-            if out.payload is END_OF_LANE:
-                if self.emit_skips:
-                    self.last_lane = lane
-                    return SKIP
-                continue
+        return None
+
+    def commit(self, step: tuple[int, Output]) -> Any:
+        """Deliver a prepared turn: adopt its lane state, and return its payload."""
+        lane, out = step
+        self._adopt(lane, out)
+        self.turn += 1
+        self.last_lane = lane
+        if out.payload is not SKIP:
             self.outputs_taken += 1
-            self.last_lane = lane
-            return out.payload
-        raise StopIteration
+        return out.payload
+
+    def _adopt(self, lane: int, out: Output) -> None:
+        if out.state is not None:
+            self.delivered[lane] = out.state
+            self.streams[lane].ledger.trim(out.state.floor)
+        elif out.payload is END_OF_LANE:
+            self.delivered[lane] = self.delivered[lane]._replace(exhausted=True)
 
     # -- checkpoint -----------------------------------------------------------------
     def lane_state(self, lane: int) -> LaneState:
@@ -125,7 +162,7 @@ class PipelineRun:
         return LaneState(lane=lane, floor=d.floor, next_chunk=max(next_id, d.floor),
                          chunks=chunks, boundaries=bounds, source=source_state,
                          cursor=d.cursor, delivered=d.delivered, exhausted=d.exhausted,
-                         tokens=list(d.tokens))
+                         tokens=list(d.tokens), digest=d.digest)
 
     def lane_states(self) -> dict[int, LaneState]:
         return {lane: self.lane_state(lane) for lane in self.order}
@@ -137,7 +174,7 @@ class PipelineRun:
     def snapshot(self) -> PipelineState:
         """This process's lanes at the global position it reached."""
         return PipelineState(self.plan.fingerprint, self.plan.config, self.position(),
-                             self.lane_states())
+                             self.lane_states(), self.plan.content)
 
     def delta(self, lane: int) -> LaneDelta:
         """What a consumer in another process needs to mirror ``lane`` after its last output."""
@@ -157,7 +194,7 @@ class PipelineRun:
                 tokens[i] += t
         total = sum(tokens) or 1
         names = self.plan.source.component_names
-        batch = next((op for op in self.plan.ops if type(op).__name__ == "BatchOp"), None)
+        batch = next((op for op in self.plan.ops if isinstance(op, BatchOp)), None)
         return {
             "outputs": self.outputs_taken,
             "outputs_per_s": self.outputs_taken / elapsed if elapsed > 0 else 0.0,
@@ -173,13 +210,23 @@ class PipelineRun:
                               if batch is not None and batch.total_tokens else 0.0),
         }
 
-    def close(self) -> None:
+    def close(self, join_timeout: float = 5.0) -> None:
         if self.closed:
             return
         self.closed = True
         if self.pump is not None:
-            self.pump.close()
+            self.pump.close(join_timeout)
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         if self.procs is not None:
             self.procs.close()
+
+
+def initial_state(plan: Plan, lanes: list[int], position: int = 0) -> PipelineState:
+    """The state of ``lanes`` before anything was delivered (no run needed)."""
+    n_comp = len(plan.source.component_names)
+    states = {lane: LaneState(lane=lane,
+                              source=plan.source.open_lane(lane, plan.num_lanes,
+                                                           plan.seed).state_dict(),
+                              tokens=[0] * n_comp) for lane in lanes}
+    return PipelineState(plan.fingerprint, plan.config, position, states, plan.content)

@@ -7,11 +7,18 @@ applies the delta of each batch it hands to the training loop to a per-lane
 mirror, so its state is the one right after the last batch the consumer
 took -- prefetched-but-unconsumed batches are simply produced again after a
 resume. The DataLoader's strict worker round-robin reproduces the rank's lane
-round-robin because worker ``w`` owns every ``W``-th lane of the rank's list.
+round-robin because worker ``w`` owns every ``W``-th lane of the rank's list;
+a worker whose lanes have all ended stops, and the consumer counts the turns of
+ended lanes it no longer sees.
+
+The loader is a handle (``engine/handle.py``): it owns its state, and
+``iter(loader)`` again continues from what was consumed (workers restart and replay
+the inflight chunks).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,10 +27,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..checkpoint.state import LaneState, PipelineState
+from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
-from ..errors import ConfigError
+from ..errors import ConfigError, ContractViolation, LifecycleError
 from ..tracking.mirror import LaneDelta, LaneMirror
-from .run import PipelineRun, Skip
+from .handle import StreamHandle, _failed_earlier
+from .run import PipelineRun, Skip, initial_state
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -34,18 +43,19 @@ class ZephonIterableDataset(IterableDataset):
 
     def __init__(self, pipeline: Pipeline, topology: Topology,
                  restore: PipelineState | None):
-        self.pipeline = pipeline.description()
+        self.pipeline = pipeline
         self.topology = topology
         self.restore = restore
 
     def __iter__(self) -> Iterator[tuple[Any, LaneDelta]]:
-
         info = get_worker_info()
         topo = self.topology
         if info is not None:
             topo = Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size,
                             info.id, info.num_workers)
-        run = PipelineRun(self.pipeline.compile(), self.restore, topo, emit_skips=True)
+        # fresh operators for every iteration: nothing carries over from the last one
+        run = PipelineRun(self.pipeline.compile().instantiate(), self.restore, topo,
+                          emit_skips=True)
         wire = _to_wire if info is not None else _identity
         try:
             for payload in run:
@@ -74,60 +84,83 @@ class RankConsumer:
         self.plan = plan
         self.topology = topology
         self.start = restore.position if restore is not None else 0
-        self.steps = 0
+        self.turn = 0  # turns of this rank's lanes consumed, including ended lanes' turns
         self.served = served  # batches handed out by the loader, across its iterators
-        # (lane, its state before, whether the turn handed out a batch)
-        self.undo: deque[tuple[int, LaneState, bool]] = deque(maxlen=max_read_ahead)
-        self.mirrors: dict[int, LaneMirror] = {}
-        for lane in rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start):
-            if restore is not None:
-                initial = restore.lanes[lane]
-            else:
-                src = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
-                initial = LaneState(lane=lane, source=src.state_dict(),
-                                    tokens=[0] * len(plan.source.component_names))
-            self.mirrors[lane] = LaneMirror(initial)
+        self.order = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
+        # (lane, its state before, whether the turn handed out a batch, turns it took)
+        self.undo: deque[tuple[int, LaneState, bool, int]] = deque(maxlen=max_read_ahead)
+        initial = restore if restore is not None else initial_state(plan, self.order)
+        self.mirrors: dict[int, LaneMirror] = {lane: LaneMirror(initial.lanes[lane])
+                                               for lane in self.order}
 
     def apply(self, delta: LaneDelta, served: bool = True) -> None:
+        # A worker whose lanes all ended stops, and the DataLoader no longer shows its
+        # turns: count them here, so positions match a run that skipped them itself.
+        n, taken = len(self.order), 1
+        while self.order[self.turn % n] != delta.lane:
+            gone = self.order[self.turn % n]
+            if not self.mirrors[gone].exhausted:
+                raise ContractViolation(
+                    f"the DataLoader delivered lane {delta.lane} in the turn of lane {gone}, "
+                    "which has not ended: the workers' round-robin broke")
+            self.turn += 1
+            taken += 1
         mirror = self.mirrors[delta.lane]
-        self.undo.append((delta.lane, mirror.state(), served))
+        self.undo.append((delta.lane, mirror.state(), served, taken))
         mirror.apply(delta)
-        self.steps += 1
+        self.turn += 1
         self.served += served
 
-    def position(self, steps: int | None = None) -> int:
-        return self.start + (self.steps if steps is None else steps) * self.topology.dp_size
+    def position(self, turn: int | None = None) -> int:
+        return self.start + (self.turn if turn is None else turn) * self.topology.dp_size
 
     def snapshot(self, served: int | None = None) -> PipelineState:
         """The state right after the first ``served`` batches (default: all handed out)."""
         states = {lane: m.state() for lane, m in self.mirrors.items()}
-        steps = self.steps
+        turn = self.turn
         if served is not None and served != self.served:
+            if served > self.served:
+                raise ConfigError(
+                    f"checkpoint(served={served}): the loader handed out only {self.served} "
+                    "batches; pass the number of batches the training loop consumed")
             back = self.served - served
-            entries = list(self.undo)[-self.steps:] if self.steps else []
-            if back < 0 or back > sum(e[2] for e in entries):
+            entries = list(self.undo)
+            if back > sum(e[2] for e in entries):
                 raise ConfigError(
                     f"cannot checkpoint after batch {served}: the loader handed out "
                     f"{self.served} batches and remembers the last {self.undo.maxlen} turns "
                     "only; raise dataloader(max_read_ahead=...)")
-            for lane, before, was_batch in reversed(entries):
+            for lane, before, was_batch, taken in reversed(entries):
                 if back == 0:
                     break
                 states[lane] = before
-                steps -= 1
+                turn -= taken
                 back -= was_batch
-        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(steps),
-                             states)
+        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(turn),
+                             states, self.plan.content)
+
+    def stats(self) -> dict[str, Any]:
+        names = self.plan.source.component_names
+        tokens = [0] * len(names)
+        for m in self.mirrors.values():
+            for i, t in enumerate(m.tokens):
+                tokens[i] += t
+        total = sum(tokens) or 1
+        return {"outputs": self.served, "position": self.position(),
+                "lanes": list(self.order),
+                "inflight_chunks": {lane: len(m.chunks) for lane, m in self.mirrors.items()},
+                "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
+                "mixture_target": dict(zip(names, self.plan.source.weights))}
 
 
-class ZephonDataLoader(DataLoader):
+class ZephonDataLoader(StreamHandle, DataLoader):
     """A DataLoader over a Zephon pipeline whose state follows consumed batches.
 
     Example::
 
         loader = pipe.dataloader(num_workers=2, pin_memory=True)
         for step, batch in enumerate(loader): ...
-        state = pipe.checkpoint()       # the state right after the last batch taken
+        state = loader.state_dict()     # the state right after the last batch taken
     """
 
     def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
@@ -145,26 +178,119 @@ class ZephonDataLoader(DataLoader):
                 or max_read_ahead < 1:
             raise ConfigError(f"max_read_ahead={max_read_ahead!r} must be an int >= 1")
         validate(pipeline.canonical_replicas, topology.dp_size, num_workers)
+        self._init_handle(pipeline, topology)
         self.max_read_ahead = max_read_ahead
         self.consumer = RankConsumer(pipeline, topology, restore, max_read_ahead=max_read_ahead)
-        self._zephon_topology = topology
+        self._agree = step_agreement(topology, is_finite(pipeline.source))
+        self._live: weakref.WeakSet[_LoaderIterator] = weakref.WeakSet()
         dataset = ZephonIterableDataset(pipeline, topology, restore)
         super().__init__(dataset, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> _LoaderIterator:
+        if self._closed:
+            raise LifecycleError("this loader was closed; take a new one with "
+                                 "pipe.dataloader(restore=loader.state_dict())")
+        for it in list(self._live):  # one live iterator: the new one continues from here
+            it.close()
+        consumer = self.consumer
         # a new iterator restarts workers from exactly what was consumed so far
-        self.dataset.restore = (self.consumer.snapshot() if self.consumer.steps
-                                else self.dataset.restore)
-        self.consumer = RankConsumer(self.dataset.pipeline, self._zephon_topology,
-                                     self.dataset.restore, served=self.consumer.served,
-                                     max_read_ahead=self.max_read_ahead)
-        pin = self.pin_memory
-        for payload, delta in super().__iter__():
-            skip = isinstance(payload, Skip)
-            self.consumer.apply(delta, served=not skip)
-            if not skip:
-                yield _from_wire(payload, pin)
+        self.dataset.restore = consumer.snapshot() if consumer.turn else self.dataset.restore
+        self.consumer = RankConsumer(self._pipeline, self._topology, self.dataset.restore,
+                                     served=consumer.served, max_read_ahead=self.max_read_ahead)
+        it = _LoaderIterator(self, super().__iter__())
+        self._live.add(it)
+        return it
+
+    def _local_state(self, served: int | None) -> PipelineState:
+        return self.consumer.snapshot(served)
+
+    def stats(self) -> dict[str, Any]:
+        """Consumer-side counters: batches handed out, position, inflight chunks per lane,
+        realized vs target mixture."""
+        return self.consumer.stats()
+
+    def close(self) -> None:
+        """Shut down the workers of the live iterator (idempotent); the state stays readable."""
+        self._closed = True
+        for it in list(self._live):
+            it.close()
+        self._close_aggregator()
+
+
+class _LoaderIterator(Iterator[Any]):
+    """One pass of a :class:`ZephonDataLoader`; applies the delta of each batch it hands
+    out. Ends only when the stream ends; after an error it never pretends to."""
+
+    def __init__(self, loader: ZephonDataLoader, source: Iterator[Any]):
+        self._loader = loader
+        self._source: Iterator[Any] | None = source
+        self._several = loader._topology.dp_size > 1
+        self._done = False
+        self._failure: BaseException | None = None
+
+    def __iter__(self) -> _LoaderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._failure is not None:
+            raise _failed_earlier("loader iterator", self._failure,
+                                  "iter(loader) restarts from the batches consumed so far"
+                                  ) from self._failure
+        if self._done:
+            raise StopIteration
+        if self._source is None:
+            raise LifecycleError("this loader iterator was closed; iter(loader) continues "
+                                 "from the batches consumed so far")
+        try:
+            item = self._prepare()
+            agree = self._loader._agree
+            if agree is not None and not agree(item is not None):
+                item = None
+            if item is None:
+                self._end()
+                raise StopIteration
+            return self._commit(item)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            self._failure = e
+            self.close()
+            raise
+
+    def _prepare(self) -> tuple[Any, LaneDelta] | None:
+        """The next batch and its delta (not yet applied); None at this rank's end."""
+        consumer = self._loader.consumer
+        while True:
+            item = next(self._source, None)
+            if item is None:
+                return None
+            payload, delta = item
+            if not isinstance(payload, Skip):
+                return item
+            if self._several:
+                return None  # an ended lane's turn: a hole in the step (finite_end.py)
+            consumer.apply(delta, served=False)
+
+    def _commit(self, item: tuple[Any, LaneDelta]) -> Any:
+        payload, delta = item
+        self._loader.consumer.apply(delta, served=True)
+        return _from_wire(payload, self._loader.pin_memory)
+
+    def _end(self) -> None:
+        self._done = True
+        self._source = None
+
+    def close(self) -> None:
+        """Stop this pass's workers or in-process run (a new ``iter(loader)`` continues)."""
+        source, self._source = self._source, None
+        shutdown = getattr(source, "_shutdown_workers", None)  # worker processes
+        if shutdown is not None:
+            shutdown()
+        fetcher = getattr(source, "_dataset_fetcher", None)  # num_workers=0: our generator
+        gen = getattr(fetcher, "dataset_iter", None)
+        if gen is not None and hasattr(gen, "close"):
+            gen.close()
 
 
 def _identity(x: Any) -> Any:

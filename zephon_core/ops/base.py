@@ -22,6 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ..errors import ConfigError, ContractViolation
 from ..records import Record
 
 
@@ -86,6 +89,11 @@ class Operator:
         """JSON-able parameters that determine the output (part of the fingerprint)."""
         return {"op": type(self).__name__, "name": self.name}
 
+    def content_fingerprint(self) -> str | None:
+        """A digest of the user code this operator runs (``map``/``filter`` functions),
+        compared on restore; None when ``describe()`` already says everything."""
+        return None
+
     def label(self) -> str:
         return f"{self.name}@p{self.parallelism}"
 
@@ -95,3 +103,25 @@ def callable_name(fn: Any) -> str:
     mod = getattr(fn, "__module__", None) or type(fn).__module__
     qual = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{mod}.{qual}"
+
+
+def token_array(op: Operator, record: Record, key: str) -> Any:
+    """``record.payload[key]`` checked to be a 1-D array (or list) of integer token ids.
+
+    Raises:
+        ConfigError: the payload has no ``key`` (tokenize with ``map()`` first).
+        ContractViolation: the ids are not integers (floats would be truncated silently)
+            or not one-dimensional.
+    """
+    try:
+        tokens = record.payload[key]
+    except (KeyError, TypeError, IndexError) as e:
+        raise ConfigError(f"{op.name}: payload at cursor {tuple(record.cursor)} has no {key!r} "
+                          "token array; tokenize with map() first") from e
+    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
+    if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
+        raise ContractViolation(
+            f"operator {op.name!r}: {key!r} at cursor {tuple(record.cursor)} is a "
+            f"{arr.ndim}-D {arr.dtype} array of shape {arr.shape}; token ids must be a 1-D "
+            "integer array (np.int32/np.int64): convert them in your map function")
+    return tokens

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from ..checkpoint.value_digest import value_digest
 from ..errors import ConfigError
 from ..records import Record
-from .base import OpContext, Operator, OpTraits
+from .base import OpContext, Operator, OpTraits, token_array
 
 
 class BatchOp(Operator):
@@ -95,14 +96,19 @@ class BatchOp(Operator):
         payloads = [r.payload for r in records]
         first = payloads[0]
         if isinstance(first, dict) and self.key in first:
-            payload = self._collate_tokens(payloads, records[-1])
+            payload = self._collate_tokens(records)
         else:
             payload = default_collate(payloads)
-        return Record(payload, records[-1].cursor, contributors)
+        # the last member is what the replay filter finds on resume: its digest lets it
+        # check values, not only the position
+        last = records[-1]
+        return Record(payload, last.cursor, contributors, value_digest(last.payload))
 
-    def _collate_tokens(self, payloads: list[dict[str, Any]], last: Record) -> dict:
+    def _collate_tokens(self, records: list[Record]) -> dict:
         key = self.key
-        seqs = [p[key] for p in payloads]
+        payloads = [r.payload for r in records]
+        last = records[-1]
+        seqs = [token_array(self, r, key) for r in records]
         lengths = [len(s) for s in seqs]
         width = self._width if self.pad_to == "max" and self._width else max(lengths)
         if max(lengths) > width:

@@ -6,17 +6,22 @@ from collections.abc import Callable
 from typing import Any
 
 from ..records import Record
+from ..checkpoint.content import function_fingerprint
 from .base import Operator, OpTraits, callable_name
 
 
 class FilterOp(Operator):
-    """Keeps records whose payload satisfies ``predicate``; the others become tombstones."""
+    """Keeps records whose payload satisfies ``predicate``; the others become tombstones.
+
+    ``version``: replaces the automatic fingerprint of ``predicate`` (see ``MapOp``).
+    """
 
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
     def __init__(self, predicate: Callable[[Any], bool], parallelism: int = 1,
-                 name: str | None = None, runner: str = "threads"):
+                 name: str | None = None, runner: str = "threads", version: str | None = None):
         self.predicate = predicate
+        self.version = version
         self.parallelism = parallelism
         self.runner = runner
         self.name = name or "filter"
@@ -30,3 +35,6 @@ class FilterOp(Operator):
 
     def describe(self) -> dict:
         return {"op": "filter", "name": self.name, "fn": callable_name(self.predicate)}
+
+    def content_fingerprint(self) -> str:
+        return function_fingerprint(self.predicate, self.version)

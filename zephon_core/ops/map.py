@@ -7,17 +7,23 @@ from typing import Any
 
 from ..errors import ContractViolation
 from ..records import Record
+from ..checkpoint.content import function_fingerprint
 from .base import Operator, OpTraits, callable_name
 
 
 class MapOp(Operator):
-    """Applies ``fn`` to each payload (or to a list of payloads when ``batched``)."""
+    """Applies ``fn`` to each payload (or to a list of payloads when ``batched``).
+
+    ``version``: any string naming the function's behaviour; it replaces the automatic
+    fingerprint of ``fn`` (its code, closure and state) that a restore compares.
+    """
 
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
     def __init__(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
-                 batched: bool = False, runner: str = "threads"):
+                 batched: bool = False, runner: str = "threads", version: str | None = None):
         self.fn = fn
+        self.version = version
         self.parallelism = parallelism
         self.runner = runner
         self.name = name or "map"
@@ -42,3 +48,6 @@ class MapOp(Operator):
     def describe(self) -> dict:
         return {"op": "map", "name": self.name, "fn": callable_name(self.fn),
                 "batched": self.batched}
+
+    def content_fingerprint(self) -> str:
+        return function_fingerprint(self.fn, self.version)

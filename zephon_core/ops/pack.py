@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..records import Record
-from .base import Operator, OpTraits
+from .base import Operator, OpTraits, token_array
 
 
 class _Bin:
@@ -75,11 +75,7 @@ class PackOp(Operator):
         return Record({key: tokens, "segment_lengths": lengths}, parts[0].cursor, contributors)
 
     def process(self, record: Record, lane_id: int) -> list[Record]:
-        try:
-            n = len(record.payload[self.key])
-        except (KeyError, TypeError, IndexError) as e:
-            raise ConfigError(f"pack: payload at cursor {tuple(record.cursor)} has no "
-                              f"{self.key!r} token array; tokenize with map() first") from e
+        n = len(token_array(self, record, self.key))
         seq_len = self.seq_len
         if n > seq_len:
             raise ConfigError(f"pack: fragment of {n} tokens at cursor {tuple(record.cursor)} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..records import Contributor, Record, SampleCursor
-from .base import Operator, OpTraits
+from .base import Operator, OpTraits, token_array
 
 
 class SplitOp(Operator):
@@ -29,12 +29,7 @@ class SplitOp(Operator):
 
     def process(self, record: Record, lane_id: int) -> list[Record]:
         payload = record.payload
-        try:
-            tokens = payload[self.key]
-        except (KeyError, TypeError, IndexError) as e:
-            raise ConfigError(
-                f"split: payload at cursor {tuple(record.cursor)} has no {self.key!r} token "
-                f"array; tokenize with map() before split()") from e
+        tokens = token_array(self, record, self.key)
         if len(record.contributors) != 1 or record.cursor.child != 0:
             raise ConfigError(
                 f"split: record {tuple(record.cursor)} is already a fragment or a merged "

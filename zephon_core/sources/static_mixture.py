@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.content import component_fingerprint
 from ..errors import ConfigError, CorruptCheckpoint
 from ..rng import derive_seed
 from .chunk import WorkChunk
@@ -183,6 +184,35 @@ class StaticMixtureWorkSource:
         ds = self._datasets[component]
         return [ds[r] for r in rows]
 
+    @property
+    def finite(self) -> bool:
+        """Whether the lanes end (``num_epochs`` given)."""
+        return self.num_epochs is not None
+
+    def content_fingerprints(self) -> dict[str, str]:
+        """A digest of each dataset's content (see ``checkpoint/content.py``).
+
+        Computed when a pipeline compiles, not cached: a dataset edited in place between
+        two runs of one process must show up."""
+        return {name: component_fingerprint(ds, lambda rows, d=d: self.read(d, rows), n,
+                                             derive_seed(self.seed, d))
+                for d, (name, ds, n) in enumerate(zip(self.component_names, self._datasets,
+                                                      self.lengths, strict=True))}
+
+    def check_chunk(self, chunk: WorkChunk) -> None:
+        """Raise ``CorruptCheckpoint`` unless a restored chunk fits these datasets."""
+        n_ds = len(self.lengths)
+        if len(chunk) > self.chunk_size:
+            raise CorruptCheckpoint(f"lane {chunk.lane} chunk {chunk.chunk_id}: {len(chunk)} "
+                                    f"pointers, more than chunk_size={self.chunk_size}")
+        for d, r in zip(chunk.components, chunk.rows, strict=True):
+            if d >= n_ds or r >= self.lengths[d]:
+                what = (f"dataset {d} of {n_ds}" if d >= n_ds else
+                        f"row {r} of dataset {self.component_names[d]!r} "
+                        f"({self.lengths[d]} rows)")
+                raise CorruptCheckpoint(f"lane {chunk.lane} chunk {chunk.chunk_id} points at "
+                                        f"{what}, which does not exist")
+
     def describe(self) -> dict[str, Any]:
         """JSON-able description of everything that determines the chunk sequence."""
         return {
@@ -284,6 +314,11 @@ class StaticMixtureLane:
         return buf[k0 - start : k0 - start + count].tolist()
 
     # -- WorkSource ------------------------------------------------------------------------
+
+    @property
+    def next_chunk_id(self) -> int:
+        """The id of the chunk ``next_chunk()`` returns next."""
+        return self._next_chunk_id
 
     def next_chunk(self) -> WorkChunk | None:
         """The next chunk (ids 0, 1, ...), or ``None`` once the lane has ended."""

@@ -89,47 +89,51 @@ def reseed_globals(salt: int) -> None:
 
 class _Consumer:
     """Consumes a pipeline as ``dp_size`` ranks with ``num_workers`` DataLoader workers each,
-    all inside this process, and yields the global stream (rank outputs interleaved)."""
+    all inside this process, and yields the global stream (rank outputs interleaved).
+
+    The ranks advance in lockstep: a step is delivered only when every rank has an output
+    for it, which is how real ranks end a finite stream (``distributed/finite_end.py``).
+    """
 
     def __init__(self, build_fn: Callable[[], Any], dp_size: int, num_workers: int,
                  state: dict | None = None):
-        self.single = dp_size == 1 and num_workers == 0
         self.num_workers = num_workers
-        self.pipes = [build_fn() if dp_size == 1 else build_fn().bind(rank=r, world_size=dp_size)
-                      for r in range(dp_size)]
-        if state is not None:
-            for p in self.pipes:
-                p.load_state_dict(state)
-        self.its = [iter(p.dataloader(num_workers=num_workers)) if num_workers else iter(p)
-                    for p in self.pipes]
+        pipes = [build_fn() if dp_size == 1 else build_fn().bind(rank=r, world_size=dp_size)
+                 for r in range(dp_size)]
+        self.handles = [p.dataloader(num_workers=num_workers, restore=state) if num_workers
+                        else p.iterate(restore=state) for p in pipes]
+        self.its = [iter(h) for h in self.handles]
 
     def take(self, n: int) -> list[Any]:
         out: list[Any] = []
+        if len(self.its) == 1:
+            return list(itertools.islice(self.its[0], n))
         while len(out) < n:
-            for it in self.its:
-                try:
-                    out.append(next(it))
-                except StopIteration:
-                    return out
+            steps = [it._prepare() for it in self.its]
+            if any(s is None for s in steps):
+                for it in self.its:
+                    it._end()
+                return out
+            out.extend(it._commit(s) for it, s in zip(self.its, steps))
         return out
 
     def checkpoint(self) -> dict:
-        if self.single:
-            return self.pipes[0].checkpoint()
+        if len(self.handles) == 1:
+            return self.handles[0].checkpoint()
         from ..distributed import merge_local_checkpoints
 
-        return merge_local_checkpoints([p.local_checkpoint() for p in self.pipes],
-                                       self.pipes[0].canonical_replicas)
+        return merge_local_checkpoints([h.local_checkpoint() for h in self.handles],
+                                       self.handles[0]._pipeline.canonical_replicas)
 
     @property
     def chunks_replayed(self) -> int:
         """Chunks replayed on restore (-1: unknown, counted inside worker processes)."""
-        return sum(p.chunks_replayed for p in self.pipes) if not self.num_workers else -1
+        return sum(h.chunks_replayed for h in self.handles) if not self.num_workers else -1
 
     def close(self) -> None:
         self.its = []
-        for p in self.pipes:
-            p.close()
+        for h in self.handles:
+            h.close()
 
 
 def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[int],
@@ -159,7 +163,8 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         through_bytes: round-trip each state through the msgpack+zstd codec.
 
     The reference is always a plain single-process run, so every topology must
-    produce the same global stream.
+    produce the same global stream. (With several ranks a finite stream ends at the first
+    step in which a rank has no output, so there the stream must be a prefix of it.)
 
     Returns:
         A :class:`ResumeReport` with chunks replayed and checkpoint sizes per cut.
@@ -172,9 +177,18 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         reference = take(ref_pipe, total)
     finally:
         ref_pipe.close()
-    report = ResumeReport(total=len(reference))
     rd = dp_size if resume_dp_size is None else resume_dp_size
     rw = num_workers if resume_num_workers is None else resume_num_workers
+    single = reference
+    if dp_size > 1:  # the ranks' own uninterrupted stream: a prefix of the single one
+        whole = _Consumer(build_fn, dp_size, num_workers)
+        try:
+            reference = whole.take(total)
+        finally:
+            whole.close()
+        assert_streams_equal(single[:len(reference)], reference,
+                             f"{dp_size} ranks, uninterrupted (a prefix of one process)")
+    report = ResumeReport(total=len(reference))
     for cut in cut_points:
         cut = min(cut, len(reference))
         if cut % dp_size or cut % rd:
@@ -202,7 +216,12 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
             replayed = second.chunks_replayed
         finally:
             second.close()
-        assert_streams_equal(reference[cut:], tail, f"cut {cut}: resumed stream")
+        if rd == dp_size or rd == 1:
+            expected = reference[cut:] if rd == dp_size else single[cut:len(reference)]
+            assert_streams_equal(expected, tail, f"cut {cut}: resumed stream")
+        else:  # other ranks may end a finite stream elsewhere, but never differently
+            assert_streams_equal(single[cut:cut + len(tail)], tail,
+                                 f"cut {cut}: resumed stream (dp {dp_size} -> {rd})")
         report.cuts.append(cut)
         report.chunks_replayed.append(replayed)
         report.checkpoint_bytes.append(len(data))

@@ -35,6 +35,7 @@ class Delivery(NamedTuple):
     delivered: int                  # outputs delivered on this lane
     exhausted: bool                 # the lane's stream ended
     tokens: tuple[int, ...]         # cumulative delivered tokens per component
+    digest: int | None = None       # value digest of the record behind the last output
 
 
 class LaneTracker:
@@ -49,6 +50,7 @@ class LaneTracker:
         self.delivered = delivered
         self.progress: dict[int, ChunkProgress] = {}
         self.tokens = [0] * n_components
+        self.digest: int | None = None
 
     def register(self, chunk: WorkChunk) -> None:
         if self.epoch_based:
@@ -85,23 +87,26 @@ class LaneTracker:
             else:
                 p.close_child(offset, child, is_last)
 
-    def deliver(self, contributors: list[Contributor], cursor: SampleCursor) -> Delivery:
+    def deliver(self, contributors: list[Contributor], cursor: SampleCursor,
+                digest: int | None = None) -> Delivery:
         """Account one output and return the lane state right after it."""
         self.close(contributors, self.tokens)
         self.cursor = cursor
+        self.digest = digest
         self.delivered += 1
         if self.epoch_based:
             self._evict_epochs()
         elif cursor.chunk_id > self.floor:
             self.floor = cursor.chunk_id
-        return Delivery(self.floor, cursor, self.delivered, False, tuple(self.tokens))
+        return Delivery(self.floor, cursor, self.delivered, False, tuple(self.tokens), digest)
 
     def finish(self, next_chunk_id: int) -> Delivery:
         """End of stream: everything was delivered or dropped."""
         self.progress.clear()
         self.boundaries.clear()
         self.floor = next_chunk_id
-        return Delivery(self.floor, self.cursor, self.delivered, True, tuple(self.tokens))
+        return Delivery(self.floor, self.cursor, self.delivered, True, tuple(self.tokens),
+                        self.digest)
 
     def _evict_epochs(self) -> None:
         cursor_chunk = self.cursor.chunk_id if self.cursor is not None else -1

@@ -42,22 +42,27 @@ class LaneMirror:
         self.delivered = initial.delivered
         self.exhausted = initial.exhausted
         self.tokens = list(initial.tokens)
+        self.digest = initial.digest
 
     def apply(self, delta: LaneDelta) -> None:
         d = delta.state
         chunks = self.chunks
-        for c in delta.new_chunks:
-            last = chunks[-1].chunk_id if chunks else None
-            if last is not None and c.chunk_id <= last:
-                continue  # already mirrored
-            if last is not None and c.chunk_id != last + 1:
-                raise ContractViolation(f"lane {self.lane}: delta chunk {c.chunk_id} does not "
-                                        f"follow mirrored chunk {last}")
-            chunks.append(c)
+        # Evict first: one output can complete several chunks or epochs, and a delta
+        # omits chunks below the new floor that were never shipped, so the first new
+        # chunk follows either the mirrored ones or the floor.
         while chunks and chunks[0].chunk_id < d.floor:
             chunks.popleft()
+        expected = chunks[-1].chunk_id + 1 if chunks else d.floor
+        for c in delta.new_chunks:
+            if c.chunk_id < expected:
+                continue  # already mirrored, or below the floor
+            if c.chunk_id != expected:
+                raise ContractViolation(f"lane {self.lane}: delta chunk {c.chunk_id} does not "
+                                        f"follow chunk {expected - 1} (floor {d.floor})")
+            chunks.append(c)
+            expected += 1
         self.floor, self.cursor, self.delivered = d.floor, d.cursor, d.delivered
-        self.exhausted, self.tokens = d.exhausted, list(d.tokens)
+        self.exhausted, self.tokens, self.digest = d.exhausted, list(d.tokens), d.digest
         self.boundaries = list(delta.boundaries)
         self.source = delta.source
         self.next_chunk = delta.next_chunk
@@ -66,4 +71,4 @@ class LaneMirror:
         return LaneState(lane=self.lane, floor=self.floor, next_chunk=self.next_chunk,
                          chunks=list(self.chunks), boundaries=list(self.boundaries),
                          source=self.source, cursor=self.cursor, delivered=self.delivered,
-                         exhausted=self.exhausted, tokens=list(self.tokens))
+                         exhausted=self.exhausted, tokens=list(self.tokens), digest=self.digest)

@@ -1,6 +1,6 @@
 """ZephonCallback: exact resume of a Zephon pipeline under an unmodified ``Trainer``.
 
-What it takes care of (transformers 5.x / accelerate traps, see SPEC §8):
+What it takes care of (transformers 5.x / accelerate traps):
 
 * On resume the Trainer reads and discards ``global_step x GAS`` batches; the callback
   switches that off (``ignore_data_skip``) in ``on_init_end``, and moves
@@ -32,7 +32,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from zephon_core import ConfigError, Pipeline
+from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp, PackOp
 
@@ -81,6 +81,7 @@ class ZephonCallback(TrainerCallback):
         self.resume_from = resume_from
         self.train_dataset = ZephonRows()
         self.pipeline: Pipeline | None = None  # this process's pipeline in the running train()
+        self.loader: ZephonDataLoader | None = None  # ... and the loader handle it reads
         self._layout: _Layout | None = None
         self._start_step = 0
         self._outputs_per_micro_step = 0
@@ -127,10 +128,10 @@ class ZephonCallback(TrainerCallback):
                               "or accelerator_config={'dispatch_batches': False}, or "
                               "ZephonTrainer")
         if layout.own_lanes:  # TP/CP peers share a data-parallel index and get the same lanes
-            pipe.bind(rank=args.process_index, world_size=args.world_size,
-                      dp_rank=layout.process_index, dp_size=layout.num_processes)
+            pipe = pipe.bind(rank=args.process_index, world_size=args.world_size,
+                             dp_rank=layout.process_index, dp_size=layout.num_processes)
         else:  # the global stream, whatever the process group says
-            pipe.bind(rank=0, world_size=1)
+            pipe = pipe.bind(rank=0, world_size=1)
         workers = self.num_workers or 0
         validate(pipe.canonical_replicas, pipe.topology().dp_size, workers)
         self._layout, self._start_step, self._saved = layout, state.global_step, None
@@ -139,7 +140,7 @@ class ZephonCallback(TrainerCallback):
             pipe.load_state_dict(read_state(path))
             self._rng_from = path
         if not layout.reads:
-            self.pipeline = None
+            self.pipeline = self.loader = None
             self.train_dataset.feed = Feed(loader=None)
             return
         self._outputs_per_micro_step = layout.rows_per_micro_step // rows
@@ -148,7 +149,7 @@ class ZephonCallback(TrainerCallback):
         lanes = pipe.canonical_replicas // pipe.topology().dp_size
         read_ahead = (2 * self._outputs_per_micro_step + 16) * lanes
         loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead)
-        self.pipeline = pipe
+        self.pipeline, self.loader = pipe, loader
         self.train_dataset.feed = Feed(
             loader=loader, rows_per_output=rows,
             slots=layout.num_processes if layout.own_lanes else 1,
@@ -181,20 +182,20 @@ class ZephonCallback(TrainerCallback):
 
     def _merged_state(self, args: Any, state: Any) -> dict[str, Any] | None:
         layout = self._layout
-        if layout is None or self.pipeline is None:
+        if layout is None or self.loader is None:
             return None  # a rank that reads nothing holds no state
         if not (layout.own_lanes or args.should_save):
             return None  # every reader of the global stream holds the same state
         consumed = ((state.global_step - self._start_step) * args.gradient_accumulation_steps
                     * self._outputs_per_micro_step)
         # own lanes: an aggregation round on every rank
-        return self.pipeline.checkpoint(served=consumed)
+        return self.loader.checkpoint(served=consumed)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.train_dataset.close()
-        if self.pipeline is not None:
-            self.pipeline.close()
-        self.pipeline = self._layout = self._saved = None
+        if self.loader is not None:
+            self.loader.close()
+        self.pipeline = self.loader = self._layout = self._saved = None
 
 
 def _read_layout(loader: Any, rows: ZephonRows, batch_size: int, batched: bool) -> _Layout:

@@ -42,6 +42,12 @@ class HFComponent:
     def __len__(self) -> int:
         return len(self.ds)
 
+    def zephon_fingerprint(self) -> str:
+        """The dataset's own content fingerprint (``Dataset._fingerprint``, which changes
+        with every transform and with the files it was loaded from) and the columns read;
+        a checkpoint restores only over the same one."""
+        return f"{self.ds._fingerprint}:{self.columns}"
+
     def __getitems__(self, rows: list[int]) -> list[Any]:
         if self.fast:
             return self.table.take(rows).to_pylist()

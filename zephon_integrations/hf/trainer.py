@@ -17,7 +17,7 @@ from typing import Any
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
-from zephon_core import ConfigError, Pipeline
+from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
 
@@ -45,6 +45,8 @@ class ZephonTrainer(Trainer):
         self.args.ignore_data_skip = True  # never read and throw away batches on resume
         self._zephon_factory = pipeline
         self.zephon_pipeline: Pipeline | None = None
+        self.zephon_loader: ZephonDataLoader | None = None  # the handle of the running train()
+        self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
         self._zephon_served = 0  # batches of the current loader that reached training_step
         self._zephon_rng_from: str | None = None
 
@@ -56,9 +58,14 @@ class ZephonTrainer(Trainer):
         return self.zephon_pipeline
 
     def get_train_dataloader(self):
+        if self.zephon_loader is not None:
+            self.zephon_loader.close()
         self._zephon_served = 0
-        return self._zephon().dataloader(num_workers=self.args.dataloader_num_workers,
-                                         pin_memory=self.args.dataloader_pin_memory)
+        restore, self._zephon_restore = self._zephon_restore, None
+        self.zephon_loader = self._zephon().description().dataloader(
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory, restore=restore)
+        return self.zephon_loader
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
         if self._zephon_rng_from is not None:
@@ -78,15 +85,21 @@ class ZephonTrainer(Trainer):
                 raise ConfigError(f"resume_from_checkpoint=True but {self.args.output_dir} "
                                   "holds no checkpoint-* directory")
         if path:
-            self._zephon().load_state_dict(read_state(path))
+            state = read_state(path)
+            self._zephon().description().load_state_dict(state)  # validated before any work
+            self._zephon_restore = state
             self._zephon_rng_from = path
-        return super().train(path or None, *args, **kwargs)
+        try:
+            return super().train(path or None, *args, **kwargs)
+        finally:
+            if self.zephon_loader is not None:
+                self.zephon_loader.close()  # its state stays readable
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         # the state right after the batches the saved optimizer steps consumed; merged
         # before saving, as rank 0 may then spend minutes writing the model while the
         # other ranks would wait for it inside the aggregation round
-        state = self._zephon().checkpoint(served=self._zephon_served)  # a round on every rank
+        state = self.zephon_loader.checkpoint(served=self._zephon_served)  # a round on every rank
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             write_state(step_dir(self._get_output_dir(trial=trial), self.state.global_step),

@@ -1,23 +1,27 @@
 """ZephonDataModule: exact resume of a Zephon pipeline under Lightning's ``ckpt_path``.
 
-What it takes care of (Lightning 2.x traps, see SPEC §8):
+What it takes care of (Lightning 2.x traps):
 
 * Lightning's fetcher reads one batch ahead for loaders without ``len()``, so at
   checkpoint time the loader has already produced the next batch. The module counts
   the training batches that reach ``on_before_batch_transfer`` (called right before
   each ``training_step``) and saves the state right after the last of them
-  (``Pipeline.checkpoint(served=n)``).
+  (``loader.checkpoint(served=n)``).
 * ``state_dict()`` runs on every rank (Lightning dumps the checkpoint on all ranks but
   persists rank 0's dict), so it is where the aggregation round happens; it never
-  returns an empty dict, which Lightning would drop.
-* The module restores its own state (``load_state_dict`` runs after ``setup()`` and
-  before ``train_dataloader()``), independent of Lightning's loader-state restore,
-  which some configurations skip.
-* ``train_dataloader()`` serves this rank's lanes (no DistributedSampler).
+  returns an empty dict.
+* The state lives under a fixed checkpoint key, and a resumed fit whose checkpoint has
+  none is an error rather than a silent restart (``checkpoint_hook.py``).
+* The global RNGs (python, numpy, torch, CUDA) of every rank are saved with the state
+  and restored right before the first resumed training step, so dropout continues
+  exactly as in the uninterrupted run.
+* ``train_dataloader()`` serves this rank's lanes (no DistributedSampler) through a
+  loader handle the module owns; asked again within one fit, it continues the stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +29,14 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from zephon_core import ConfigError, Pipeline
+from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+
+from .. import rng
+from .checkpoint_hook import ZephonCheckpointHook
 
 STATE_KEY = "zephon"
+
+log = logging.getLogger(__name__)
 
 
 class ZephonDataModule(pl.LightningDataModule):
@@ -51,13 +60,19 @@ class ZephonDataModule(pl.LightningDataModule):
             given, the process group's store (``"torch://"``) is used.
         log_every_n_steps: how often data metrics go to the trainer's logger (0: never).
         val_dataloader_fn: optional zero-argument factory of a validation DataLoader.
+        allow_fresh_start: resume from a checkpoint without Zephon state by starting the
+            data stream from its beginning (default: ``MissingCheckpointState``).
+        restore_rng: restore every rank's global RNGs at the first resumed step.
     """
+
+    STATE_KEY = STATE_KEY
 
     def __init__(self, pipeline: Pipeline | Callable[[], Pipeline], num_workers: int = 0,
                  pin_memory: bool = False, aggregate_dir: str | None = None,
                  aggregate_store: Any = None, aggregate_timeout_s: float = 300.0,
                  log_every_n_steps: int = 50,
-                 val_dataloader_fn: Callable[[], Any] | None = None):
+                 val_dataloader_fn: Callable[[], Any] | None = None,
+                 allow_fresh_start: bool = False, restore_rng: bool = True):
         super().__init__()
         if not (isinstance(pipeline, Pipeline) or callable(pipeline)):
             raise ConfigError("ZephonDataModule(pipeline=...) takes a Pipeline or a "
@@ -69,11 +84,16 @@ class ZephonDataModule(pl.LightningDataModule):
         self.aggregate_store = aggregate_store
         self.aggregate_timeout_s = aggregate_timeout_s
         self.log_every_n_steps = log_every_n_steps
+        self.allow_fresh_start = allow_fresh_start
+        self.restore_rng = restore_rng
         self._val_fn = val_dataloader_fn
-        self.pipeline: Pipeline | None = None
-        self._pending: dict[str, Any] | None = None
-        self._consumed = 0           # training batches that reached training_step
-        self._loader = None
+        self.pipeline: Pipeline | None = None  # this rank's description
+        self._restore: dict[str, Any] | None = None  # where the next loader starts
+        self._loader: ZephonDataLoader | None = None
+        self._loader_trainer: Any = None
+        self._consumed = 0           # training batches of the loader that reached the step
+        self._rng_pending: dict[str, Any] | None = None
+        self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
 
     # -- building -------------------------------------------------------------------
@@ -81,26 +101,42 @@ class ZephonDataModule(pl.LightningDataModule):
         trainer = self._trainer_or_none()
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         pipe = Pipeline.for_rank(self._factory, rank, world)
+        options: dict[str, Any] = {"aggregate_timeout_s": float(self.aggregate_timeout_s)}
         if self.aggregate_dir is not None or self.aggregate_store is not None:
-            pipe.aggregate_dir, pipe.aggregate_store = self.aggregate_dir, self.aggregate_store
-        pipe.aggregate_timeout_s = float(self.aggregate_timeout_s)
-        return pipe
+            options.update(aggregate_dir=self.aggregate_dir,
+                           aggregate_store=self.aggregate_store)
+        return pipe.with_options(**options)
 
     def _trainer_or_none(self):
         return getattr(self, "trainer", None)
 
     def setup(self, stage: str) -> None:
+        trainer = self._trainer_or_none()
+        if trainer is not None and all(cb is not self._hook for cb in trainer.callbacks):
+            trainer.callbacks.append(self._hook)  # before Lightning restores a checkpoint
         if self.pipeline is None:
             self.pipeline = self._build()
-            if self._pending is not None:
-                self.pipeline.load_state_dict(self._pending)
-                self._pending = None
+            if self._restore is not None:
+                self._validate(self._restore)
+
+    def _validate(self, state: dict[str, Any]) -> None:
+        # everything is checked now, before any work (a throwaway description)
+        self.pipeline.description().load_state_dict(state)
 
     def train_dataloader(self):
         if self.pipeline is None:
             self.setup("fit")
-        self._loader = self.pipeline.dataloader(num_workers=self.num_workers,
-                                                pin_memory=self.pin_memory)
+        trainer = self._trainer_or_none()
+        restore = self._restore
+        if self._loader is not None:
+            if self._loader_trainer is trainer and trainer is not None:
+                # asked again within one fit: continue after the consumed batches
+                restore = self._loader.checkpoint(served=self._consumed)
+            self._loader.close()
+        self._loader = self.pipeline.description().dataloader(
+            num_workers=self.num_workers, pin_memory=self.pin_memory, restore=restore)
+        self._loader_trainer = trainer
+        self._restore = None
         self._consumed = 0
         return self._loader
 
@@ -113,6 +149,10 @@ class ZephonDataModule(pl.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self._trainer_or_none()
         if trainer is not None and trainer.training:
+            if self._rng_pending is not None:
+                # the RNG as the uninterrupted run had it right before this step
+                rng.restore(self._rng_pending)
+                self._rng_pending = None
             self._consumed += 1
             self._meter.observe(batch)
             n = self.log_every_n_steps
@@ -141,25 +181,40 @@ class ZephonDataModule(pl.LightningDataModule):
 
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        if self.pipeline is None:
-            if self._pending is not None:
-                return {STATE_KEY: self._pending}
-            self.setup("fit")
-        served = self._consumed if self._loader is not None else None
-        return {STATE_KEY: self.pipeline.checkpoint(served=served)}
+        """``{"zephon": state}``: the state right after the last batch a training step
+        consumed (an aggregation round with several ranks); never empty."""
+        if self._loader is not None:
+            return {STATE_KEY: self._loader.checkpoint(served=self._consumed)}
+        if self._restore is not None:
+            return {STATE_KEY: self._restore}
+        pipe = self.pipeline if self.pipeline is not None else self._build()
+        return {STATE_KEY: pipe.description().checkpoint()}  # the beginning: no run needed
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if STATE_KEY not in state_dict:
+        if not isinstance(state_dict, dict) or STATE_KEY not in state_dict:
             raise ConfigError(f"the datamodule state has no {STATE_KEY!r} entry; was the "
                               "checkpoint written with ZephonDataModule?")
-        if self.pipeline is None:
-            self._pending = state_dict[STATE_KEY]
-        else:
-            self.pipeline.load_state_dict(state_dict[STATE_KEY])
+        if self.pipeline is not None:
+            self._validate(state_dict[STATE_KEY])
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+        self._restore = state_dict[STATE_KEY]
+
+    def _resume_rng(self, states: list[dict[str, Any]] | None, trainer: Any) -> None:
+        if not self.restore_rng or not states:
+            return
+        if len(states) != trainer.world_size:
+            log.warning("the checkpoint holds RNG states of %d ranks and this run has %d: "
+                        "the data stream continues exactly, but random model operations "
+                        "(dropout) will not repeat the uninterrupted run's draws",
+                        len(states), trainer.world_size)
+            return
+        self._rng_pending = states[trainer.global_rank]
 
     def teardown(self, stage: str) -> None:
-        if self.pipeline is not None and stage == "fit":
-            self.pipeline.close()
+        if self._loader is not None and stage == "fit":
+            self._loader.close()  # its state stays readable for state_dict()
 
 
 class _Meter:

@@ -1,0 +1,207 @@
+"""Handles: the objects that own a running stream.
+
+A :class:`~zephon_core.Pipeline` is a frozen description. Iterating it returns a
+handle that owns the run and is the one place to ask for its state:
+
+* :class:`PipelineIterator` -- ``pipe.iterate(restore=state)`` (or ``iter(pipe)``);
+* :class:`~zephon_core.engine.torch_data.ZephonDataLoader` -- ``pipe.dataloader(...)``.
+
+Both offer ``state_dict()`` (alias ``checkpoint()``; an aggregation round when several
+ranks hold lanes), ``local_checkpoint()``, ``save(path)``, ``stats()``, ``close()`` and
+the context-manager protocol. A handle keeps what it needs alive (a temporary
+Pipeline may be collected while its iterator runs) and is closed by the garbage
+collector when dropped.
+
+After an error escapes ``next()`` (an operator failure, a stall, a
+``KeyboardInterrupt``), the iterator never pretends the stream ended: every later call
+raises a ``PipelineError`` saying where it failed. Its state up to the last delivered
+output stays valid, so ``state_dict()`` still gives an exact restore point.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..checkpoint import codec
+from ..checkpoint.state import PipelineState
+from ..distributed.finite_end import is_finite, step_agreement
+from ..distributed.topology import Topology
+from ..errors import ConfigError, LifecycleError, PipelineError
+from .run import PipelineRun
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+
+class StreamHandle:
+    """State, stats and shutdown shared by every handle (see the module docstring)."""
+
+    _pipeline: Pipeline
+    _topology: Topology
+
+    def _init_handle(self, pipeline: Pipeline, topology: Topology) -> None:
+        self._pipeline = pipeline
+        self._topology = topology
+        self._aggregator: Any = None
+        self._closed = False
+
+    # -- state ------------------------------------------------------------------------
+    def _local_state(self, served: int | None) -> PipelineState:
+        raise NotImplementedError
+
+    def checkpoint(self, served: int | None = None) -> dict[str, Any]:
+        """The state of every lane as delivered to the consumer, as a plain dict that shares
+        nothing with the running stream.
+
+        Args:
+            served: (loaders) the state right after the first ``served`` batches the loader
+                handed out, for a trainer that reads ahead; default: all handed out.
+        """
+        pipe = self._pipeline
+        if not pipe.checkpointing:
+            raise ConfigError("this pipeline was built with checkpointing=False; build it "
+                              "with checkpointing=True to take checkpoints")
+        local = self._local_state(served)
+        topo = pipe.topology()  # where this process sits now
+        if len(local.lanes) == pipe.canonical_replicas and topo.world_size == 1:
+            return local.to_dict()
+        if self._aggregator is None:
+            self._aggregator = pipe._aggregator_for(topo)
+        return self._aggregator.round(local).to_dict()
+
+    def state_dict(self, served: int | None = None) -> dict[str, Any]:
+        """Alias of :meth:`checkpoint`."""
+        return self.checkpoint(served)
+
+    def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
+        """This rank's lanes only, without an aggregation round: the report a rank sends
+        (merge all ranks' reports with ``zephon_core.distributed.merge_local_checkpoints``)."""
+        topo = self._pipeline.topology()
+        return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
+                "state": self._local_state(served).to_dict()}
+
+    def save(self, path: str | os.PathLike, served: int | None = None) -> int:
+        """Write :meth:`checkpoint` to ``path`` atomically; returns the size in bytes."""
+        data = codec.encode(self.checkpoint(served))
+        codec.write_atomic(path, data)
+        return len(data)
+
+    # -- lifetime -----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _close_aggregator(self) -> None:
+        if self._aggregator is not None:
+            self._aggregator.close()
+            self._aggregator = None
+
+    def __enter__(self) -> StreamHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _failed_earlier(where: str, failure: BaseException, restore_hint: str) -> PipelineError:
+    return PipelineError(
+        f"this {where} failed earlier ({type(failure).__name__}: {failure}) and cannot "
+        f"continue; its state up to the last delivered output is intact: {restore_hint}")
+
+
+class PipelineIterator(StreamHandle, Iterator[Any]):
+    """Iterates a pipeline in this process and owns the run (threads, workers, state).
+
+    Example::
+
+        with pipe.iterate(restore=state) as it:
+            for batch in it: ...
+            state = it.state_dict()
+    """
+
+    def __init__(self, pipeline: Pipeline, restore: PipelineState | None):
+        topo = pipeline.topology()
+        self._init_handle(pipeline, topo)
+        plan = pipeline.compile().instantiate()
+        self._run = PipelineRun(plan, restore, Topology(topo.rank, topo.world_size,
+                                                        topo.dp_rank, topo.dp_size))
+        self._agree = step_agreement(topo, is_finite(plan.source))
+        self._done = False
+        self._failure: BaseException | None = None
+        self._finalizer = weakref.finalize(self, self._run.close)
+
+    def __iter__(self) -> PipelineIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._failure is not None:
+            raise _failed_earlier(
+                f"iterator (global position {self._run.position()})", self._failure,
+                "state = it.state_dict(); it = pipe.iterate(restore=state)") from self._failure
+        if self._closed:
+            raise LifecycleError("this iterator was closed; take a new one "
+                                 "(pipe.iterate(restore=it.state_dict()) continues exactly)")
+        if self._done:
+            raise StopIteration
+        try:
+            step = self._run.prepare()
+            if self._agree is not None and not self._agree(step is not None):
+                step = None  # another rank's position of this step is empty: all end here
+            if step is None:
+                self._done = True
+                raise StopIteration
+            return self._run.commit(step)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            self._failure = e
+            self._run.close(join_timeout=0.5)  # a stalled thread may never return
+            raise
+
+    # -- used by testing.assert_resume_equivalent to simulate ranks in one process -------
+    def _prepare(self) -> Any:
+        return None if self._done else self._run.prepare()
+
+    def _commit(self, step: Any) -> Any:
+        return self._run.commit(step)
+
+    def _end(self) -> None:
+        self._done = True
+
+    # -- state and stats ------------------------------------------------------------------
+    def _local_state(self, served: int | None) -> PipelineState:
+        if served is not None:
+            raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
+        return self._run.snapshot()
+
+    def stats(self) -> dict[str, Any]:
+        """Live counters: outputs/s, per-operator records, queue depths, inflight chunks,
+        mixture shares, padding ratio."""
+        return self._run.stats()
+
+    @property
+    def position(self) -> int:
+        """The global position this process reached."""
+        return self._run.position()
+
+    @property
+    def chunks_replayed(self) -> int:
+        """Restored inflight chunks replayed by this process's lanes."""
+        return self._run.chunks_replayed
+
+    @property
+    def run(self) -> PipelineRun:
+        """The engine object behind this iterator (tests and diagnostics)."""
+        return self._run
+
+    def close(self) -> None:
+        """Stop threads and worker processes (idempotent); the state stays readable."""
+        self._closed = True
+        self._run.close()
+        self._close_aggregator()
