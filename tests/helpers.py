@@ -69,6 +69,14 @@ def exit_process(payload: dict) -> dict:
     os._exit(3)
 
 
+def kill_process(payload: dict) -> dict:
+    """SIGKILLs the process it runs in (as the OOM killer would)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def drop_some(payload: dict) -> bool:
     """Keeps documents whose token count is not a multiple of 3 (drops about a third)."""
     return len(payload["input_ids"]) % 3 != 0
@@ -79,3 +87,24 @@ def returns_unpicklable(payload: dict):
     import threading
 
     return threading.Lock()
+
+
+def batch_digest(out) -> str:
+    """A short digest of one output (a batch of tensors, or a record of arrays)."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for k in sorted(out):
+        v = out[k]
+        h.update(k.encode())
+        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else
+                 np.asarray(v).tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+    return h.hexdigest()[:16]
+
+
+def finite_pipeline(prefetch: int = 2) -> Pipeline:
+    """A finite stream whose lanes end at different outputs (documents differ in length)."""
+    return (Pipeline(source(4, num_epochs=1), canonical_replicas=4, seed=3, prefetch=prefetch)
+            .fetch().map(byte_tokenize, name="tokenize").split(max_len=256))

@@ -217,3 +217,29 @@ def test_pipeline_load_of_a_corrupted_file_is_corrupt(tmp_path, real_state):
     path.write_bytes(b"")
     with pytest.raises(CorruptCheckpoint):
         Pipeline.load(path)
+
+
+def test_a_save_killed_before_its_rename_leaves_nothing_after_the_next_save(tmp_path):
+    """An interrupted save leaves its temporary file; the next save or load of the same
+    path removes it (the writer is gone), and leaves other paths' and live writers' alone."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "state.zst"
+    killed = ("import os, sys; from zephon_core.checkpoint import codec; "
+              "os.replace = lambda *a: os._exit(9); codec.write_atomic(sys.argv[1], b'x' * 100)")
+    for _ in range(2):  # the second interrupted save already removes the first one's file
+        assert subprocess.run([sys.executable, "-c", killed, str(path)]).returncode == 9
+    left = sorted(os.listdir(tmp_path))
+    assert len(left) == 1 and left[0].startswith(".state.zst.zephon-"), left
+    # a live writer's temporary file (this process) and another file's are kept
+    live = tmp_path / f".state.zst.zephon-{codec._HOST}-{os.getpid()}-abc.tmp"
+    other = tmp_path / f".other.zst.zephon-{codec._HOST}-1-abc.tmp"
+    live.write_bytes(b"")
+    other.write_bytes(b"")
+    codec.write_atomic(path, b"new")
+    assert sorted(os.listdir(tmp_path)) == sorted(["state.zst", live.name, other.name])
+    # loading cleans up as well
+    assert subprocess.run([sys.executable, "-c", killed, str(path)]).returncode == 9
+    assert codec.read_bytes(path) == b"new"
+    assert sorted(os.listdir(tmp_path)) == sorted(["state.zst", live.name, other.name])

@@ -50,8 +50,9 @@ def test_served_beyond_memory_or_future_is_rejected():
         next(it)
     with pytest.raises(ConfigError, match="remembers"):
         p.checkpoint(served=5)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="handed out only 30") as ei:
         p.checkpoint(served=31)
+    assert "max_read_ahead" not in str(ei.value)  # a setting that could not help
     del it
 
 

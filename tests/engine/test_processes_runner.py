@@ -14,6 +14,7 @@ from helpers import (
     byte_tokenize,
     drop_some,
     exit_process,
+    kill_process,
     returns_unpicklable,
     source,
 )
@@ -116,6 +117,16 @@ def test_a_dying_worker_is_a_named_error():
     try:
         with pytest.raises(PipelineError, match="'tokenize'.*exited with code 3"):
             take(pipe, 5)
+    finally:
+        pipe.close()
+
+
+def test_a_killed_worker_is_named_as_killed_not_as_a_pickling_problem():
+    pipe = build(fn=kill_process, lanes=1)
+    try:
+        with pytest.raises(PipelineError, match="'tokenize'.*killed by signal 9") as ei:
+            take(pipe, 5)
+        assert "pickle" not in str(ei.value)
     finally:
         pipe.close()
 

@@ -63,22 +63,27 @@ class Tiny(pl.LightningModule):
     ``record_dir/rank{global_rank}.txt`` (ddp_spawn children do not send attributes back).
     """
 
-    def __init__(self, record_dir: str | None = None, read_stepping_batches: bool = False):
+    def __init__(self, record_dir: str | None = None, read_stepping_batches: bool = False,
+                 dropout: float = 0.0):
         super().__init__()
         self.emb = torch.nn.Embedding(256, 8)
+        self.drop = torch.nn.Dropout(dropout)  # draws from the global torch RNG
         self.record_dir = record_dir
         self.read_stepping_batches = read_stepping_batches
         self.seen: list[tuple[int, str]] = []
+        self.losses: list[float] = []
         self.val_batches = 0
 
     def training_step(self, batch, batch_idx):
         fp = fingerprint(batch)
         self.seen.append((self.global_step, fp))
+        loss = self.drop(self.emb(batch["input_ids"].clamp(min=0, max=255))).mean()
+        self.losses.append(float(loss))
         if self.record_dir is not None:
             path = os.path.join(self.record_dir, f"rank{self.global_rank}.txt")
             with open(path, "a") as fh:
-                fh.write(f"{self.global_step} {batch_idx} {fp}\n")
-        return self.emb(batch["input_ids"].clamp(min=0, max=255)).mean()
+                fh.write(f"{self.global_step} {batch_idx} {fp} {float(loss)!r}\n")
+        return loss
 
     def validation_step(self, batch, batch_idx):
         self.val_batches += 1
@@ -107,14 +112,16 @@ def fit(*, max_steps: int, ckpt_dir: str, ckpt_path: str | None = None, num_work
         accumulate: int = 1, every_n_train_steps: int = 5, val_check_interval: int | None = None,
         devices: int = 1, strategy: str = "auto", record_dir: str | None = None,
         logger: Any = False, dm_kwargs: dict | None = None,
-        read_stepping_batches: bool = False,
+        read_stepping_batches: bool = False, dropout: float = 0.0, dm_class: type | None = None,
         trainer_kwargs: dict | None = None) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
     """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule."""
-    model = Tiny(record_dir=record_dir, read_stepping_batches=read_stepping_batches)
+    model = Tiny(record_dir=record_dir, read_stepping_batches=read_stepping_batches,
+                 dropout=dropout)
     kwargs = dict(dm_kwargs or {})
     if val_check_interval is not None:
         kwargs.setdefault("val_dataloader_fn", small_val_loader)
-    dm = ZephonDataModule(pipeline=make_pipeline, num_workers=num_workers, **kwargs)
+    dm = (dm_class or ZephonDataModule)(pipeline=make_pipeline, num_workers=num_workers,
+                                        **kwargs)
     cb = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every_n_train_steps,
                          save_top_k=-1, save_last=True)
     trainer_kwargs = dict(trainer_kwargs or {})
@@ -138,12 +145,13 @@ def step_checkpoint(ckpt_dir: str, step: int) -> str:
     return found[0]
 
 
-def read_rank_records(record_dir: str, rank: int) -> list[tuple[int, int, str]]:
+def read_rank_records(record_dir: str, rank: int) -> list[tuple[int, int, str, float]]:
+    """(global_step, batch_idx, batch fingerprint, loss) of every training step of a rank."""
     path = os.path.join(record_dir, f"rank{rank}.txt")
     out = []
     with open(path) as fh:
         for line in fh:
-            step, idx, fp = line.split()
-            out.append((int(step), int(idx), fp))
+            step, idx, fp, loss = line.split()
+            out.append((int(step), int(idx), fp, float(loss)))
     return out
 

@@ -173,3 +173,22 @@ def test_sharded_ranks_read_own_lanes_only_when_an_output_is_a_batch():
         assert batched.own_lanes is not split and batched.process_index == 1
         # records: every rank reads the global stream and the shard keeps its slice
         assert not records.own_lanes and records.reads
+
+
+def test_an_interrupted_save_names_the_latest_complete_checkpoint(tmp_path):
+    from zephon_core import MissingCheckpointState
+    from zephon_integrations.hf.checkpoint_dir import read_state, write_state
+
+    state = make_pipeline().checkpoint()
+    for step in (3, 6, 9):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    write_state(str(tmp_path / "checkpoint-3"), state)
+    write_state(str(tmp_path / "checkpoint-6"), state)
+    # checkpoint-9: the Trainer's files are there, Zephon's never came (a crash)
+    with pytest.raises(MissingCheckpointState, match="interrupted.*checkpoint-6"):
+        read_state(str(tmp_path / "checkpoint-9"))
+    assert read_state(str(tmp_path / "checkpoint-6")) == state
+    lone = tmp_path / "elsewhere" / "checkpoint-5"
+    lone.mkdir(parents=True)
+    with pytest.raises(MissingCheckpointState, match="not written with"):
+        read_state(str(lone))

@@ -32,7 +32,7 @@ from lightning_helpers import (  # noqa: E402
     step_checkpoint,
 )
 
-from zephon_core import ConfigError  # noqa: E402
+from zephon_core import ConfigError, MissingCheckpointState  # noqa: E402
 from zephon_integrations.lightning import ZephonDataModule  # noqa: E402
 
 DM_KEY = "ZephonDataModule"
@@ -252,7 +252,7 @@ def test_data_metrics_reach_the_logger(tmp_path):
 DDP_STEPS = 8
 DDP_K = 3  # ModelCheckpoint(every_n_train_steps=3)
 # 2 lanes per rank served by 2 workers each, accumulation, validation every 3 batches
-DDP_CFG = dict(num_workers=2, accumulate=2, val_check_interval=3)
+DDP_CFG = dict(num_workers=2, accumulate=2, val_check_interval=3, dropout=0.5)
 ACC = DDP_CFG["accumulate"]
 PER_RANK = DDP_STEPS * ACC  # batches each rank trains on
 
@@ -279,11 +279,11 @@ def test_ddp_ranks_read_their_own_lanes_of_the_global_stream(ddp_run):
     ranks = [read_rank_records(str(record_dir), r) for r in (0, 1)]
     stream = global_stream(2 * PER_RANK)
     for r, recs in enumerate(ranks):
-        assert [s for s, _, _ in recs] == [i // ACC for i in range(PER_RANK)], f"rank {r} steps"
+        assert [s for s, _, _, _ in recs] == [i // ACC for i in range(PER_RANK)], f"rank {r} steps"
         # rank r's i-th batch is global output 2*i + r
-        assert [fp for _, _, fp in recs] == [stream[2 * i + r] for i in range(PER_RANK)], r
+        assert [fp for _, _, fp, _ in recs] == [stream[2 * i + r] for i in range(PER_RANK)], r
         assert os.path.getsize(record_dir / f"val_rank{r}.txt") > 0  # validation ran
-    seen = [fp for recs in ranks for _, _, fp in recs]
+    seen = [fp for recs in ranks for _, _, fp, _ in recs]
     assert len(set(seen)) == len(seen), "a batch was seen twice across ranks"
     assert set(seen) == set(stream)
 
@@ -311,8 +311,10 @@ def test_ddp_resume_on_two_devices_is_exact(ddp_run):
     assert agg.is_dir()
     for r in (0, 1):
         got = read_rank_records(str(resumed_dir), r)
-        assert [s for s, _, _ in got] == [s for s, _, _ in full[r] if s >= DDP_K], r
-        assert [fp for _, _, fp in got] == [fp for s, _, fp in full[r] if s >= DDP_K], r
+        assert [s for s, _, _, _ in got] == [s for s, _, _, _ in full[r] if s >= DDP_K], r
+        assert [fp for _, _, fp, _ in got] == [fp for s, _, fp, _ in full[r] if s >= DDP_K], r
+        # every rank's RNG was restored: dropout draws and so losses are bit-identical
+        assert [x for _, _, _, x in got] == [x for s, _, _, x in full[r] if s >= DDP_K], r
     # a checkpoint taken after the resume again holds every lane at the global position
     raw, state = _zephon_state(step_checkpoint(resumed_ckpts, 2 * DDP_K))
     assert _lane_ids(state) == list(range(LANES))
@@ -329,3 +331,59 @@ def test_ddp_checkpoint_resumes_on_one_device_continuing_the_global_stream(ddp_r
     assert [s for s, _ in model.seen] == [DDP_K + i // ACC for i in range(n)]
     # the 1-device run's i-th batch is global output start + i
     assert _fps(model) == global_stream(start + n)[start:]
+
+
+# -- exact or loud: no silent fresh start, renamed subclasses, RNG -----------------------------
+
+class RenamedBefore(ZephonDataModule):
+    pass
+
+
+class RenamedAfter(ZephonDataModule):
+    pass
+
+
+def test_resume_from_a_checkpoint_without_zephon_state_is_refused(tmp_path):
+    full, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "a"), every_n_train_steps=3)
+    ckpt = torch.load(step_checkpoint(str(tmp_path / "a"), 3), map_location="cpu",
+                      weights_only=False)
+    del ckpt["zephon"]  # as a plain Lightning checkpoint has none
+    plain = str(tmp_path / "plain.ckpt")
+    torch.save(ckpt, plain)
+    with pytest.raises(MissingCheckpointState, match="allow_fresh_start=True"):
+        fit(max_steps=8, ckpt_dir=str(tmp_path / "b"), ckpt_path=plain)
+    # the explicit opt-out starts the data stream from its beginning
+    fresh, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "c"), ckpt_path=plain,
+                      dm_kwargs={"allow_fresh_start": True})
+    assert _fps(fresh) == _fps(full)[:5]
+
+
+def test_a_renamed_datamodule_subclass_still_finds_its_state(tmp_path):
+    full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), dm_class=RenamedBefore)
+    ckpt = step_checkpoint(str(tmp_path / "a"), K)
+    tail, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "b"), ckpt_path=ckpt,
+                     dm_class=RenamedAfter)
+    assert _fps(tail) == _fps(full)[K:]
+    # a checkpoint of the earlier layout (the state under the old class name) too
+    raw = torch.load(ckpt, map_location="cpu", weights_only=False)
+    raw["RenamedBefore"] = {"zephon": raw.pop("zephon")["state"]}
+    legacy = str(tmp_path / "legacy.ckpt")
+    torch.save(raw, legacy)
+    again, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "c"), ckpt_path=legacy,
+                      dm_class=RenamedAfter)
+    assert _fps(again) == _fps(full)[K:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["w0", "w2"])
+def test_resume_with_dropout_is_bit_identical(tmp_path, num_workers):
+    kw = dict(num_workers=num_workers, dropout=0.5)
+    full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), **kw)
+    tail, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "b"),
+                     ckpt_path=step_checkpoint(str(tmp_path / "a"), K), **kw)
+    assert _fps(tail) == _fps(full)[K:]
+    assert tail.losses == full.losses[K:], "dropout drew other numbers after the resume"
+    # the RNG is restored on purpose: without it the losses differ
+    off, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "c"),
+                    ckpt_path=step_checkpoint(str(tmp_path / "a"), K),
+                    dm_kwargs={"restore_rng": False}, **kw)
+    assert _fps(off) == _fps(full)[K:] and off.losses != full.losses[K:]

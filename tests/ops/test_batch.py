@@ -301,3 +301,17 @@ def test_batches_partition_the_input(bs, drop_last, data):
                                                    b.payload["attention_mask"].bool())]
         assert len(rows) == len(recs)
     assert rows == [r.payload["input_ids"].tolist() for r in recs[:len(rows)]]
+
+
+@pytest.mark.parametrize("tokens, word", [
+    (np.arange(8, dtype=np.float64) + 0.7, "float64"),
+    (np.ones((2, 4), dtype=np.int64), "2-D"),
+])
+def test_batch_refuses_non_integer_or_2d_token_ids(tokens, word):
+    from zephon_core.errors import ContractViolation
+
+    op = bind(BatchOp(batch_size=2, seq_len=16))
+    records = [rec(0, 0, 4), rec(0, 1, payload={"input_ids": tokens})]
+    with pytest.raises(ContractViolation, match="'batch'") as ei:
+        feed(op, records)
+    assert word in str(ei.value)

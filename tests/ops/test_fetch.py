@@ -106,3 +106,26 @@ def test_pipeline_rows_match_source_order():
         ch = ws.next_chunk()
         want += [(a, b)[c].rows[r] for c, r in zip(ch.components, ch.rows)]
     assert out == want[:20]
+
+
+class _BadRow(CountingDataset):
+    broken = False  # set after compile: the content fingerprint reads every row once
+
+    def __getitems__(self, idxs):
+        if self.broken and 7 in idxs:
+            raise OSError("disk read error")
+        return super().__getitems__(idxs)
+
+
+def test_a_failing_read_names_the_dataset_and_the_row():
+    from zephon_core import PipelineError
+
+    flaky = _BadRow(list(range(20)))
+    src = StaticMixtureWorkSource({"good": CountingDataset(list(range(20))), "flaky": flaky},
+                                  chunk_size=4, seed=1, shuffle=False)
+    pipe = Pipeline(src, canonical_replicas=1, seed=1, prefetch=0).fetch()
+    pipe.compile()
+    flaky.broken = True
+    with pytest.raises(PipelineError, match="row 7 of dataset 'flaky'.*disk read error") as ei:
+        run(pipe, 60)
+    assert ei.value.operator == "fetch" and ei.value.cursor is not None

@@ -298,3 +298,19 @@ def test_pack_matches_first_fit_model(seq_len, bins, data):
     rest = groups(op.flush(True, 0))
     emitted = sorted(i for g in got + rest for i in g)
     assert emitted == [i for i, n in enumerate(sizes) if n > 0]  # nothing lost or doubled
+
+
+@pytest.mark.parametrize("tokens, words", [
+    (np.arange(8, dtype=np.float32), ["float32", "integer"]),
+    (np.ones((2, 4), dtype=np.int32), ["2-D", "1-D"]),
+    ([0.5, 1.5], ["float64"]),
+])
+def test_non_integer_or_2d_token_ids_are_refused_not_truncated(tokens, words):
+    from zephon_core.errors import ContractViolation
+
+    r = rec(0, 0, payload={"input_ids": tokens})
+    for op in (bind(PackOp(seq_len=16)),):
+        with pytest.raises(ContractViolation, match="'pack'") as ei:
+            feed(op, [r])
+        for w in words:
+            assert w in str(ei.value)

@@ -2,11 +2,18 @@
 
 Decoding never executes code (no pickle) and bounds the decompressed size,
 so a hostile or corrupted file yields :class:`CorruptCheckpoint`.
+
+A local write goes to ``.<name>.zephon-<host>-<pid>-<random>.tmp`` next to the target
+and is renamed over it. A writer killed mid-save leaves that file behind; the next
+save or load of the same path removes such leftovers of this host whose process is
+gone (another host's, or a live writer's, are left alone).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import socket
 import tempfile
 from typing import Any
 
@@ -69,7 +76,9 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     path = path.removeprefix("file://")
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".zephon-", suffix=".tmp")
+    remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f"{_temp_prefix(path)}{_HOST}-{os.getpid()}-",
+                               suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -89,5 +98,44 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 
         with fsspec.open(path, "rb") as f:
             return f.read()
-    with open(path.removeprefix("file://"), "rb") as f:
+    path = path.removeprefix("file://")
+    remove_stale_temps(path)
+    with open(path, "rb") as f:
         return f.read()
+
+
+_HOST = socket.gethostname().replace("-", "_")
+
+
+def _temp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}.zephon-"
+
+
+def remove_stale_temps(path: str | os.PathLike) -> list[str]:
+    """Remove the temporary files an interrupted save of ``path`` left (this host's, whose
+    writer process is gone). Returns the removed paths."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    removed = []
+    for tmp in glob.glob(os.path.join(glob.escape(d), glob.escape(_temp_prefix(path)) + "*.tmp")):
+        rest = os.path.basename(tmp)[len(_temp_prefix(path)):]
+        host, _, tail = rest.partition("-")
+        pid = tail.partition("-")[0]
+        if host != _HOST or not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(tmp)
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

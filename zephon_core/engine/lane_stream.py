@@ -218,7 +218,6 @@ class LaneStream:
         activity = self.activity
 
         def job(recs: list[Record]) -> tuple[list[Record], list[Record]]:
-            activity.set(label, recs[0].cursor if recs else None)
             tombs: list[Record] = []
             out = run_ops(ops, recs, lane, tombs)
             return out, tombs
@@ -255,6 +254,7 @@ class LaneStream:
             kind, x = pending.popleft()
             if kind == RECS:
                 fut, first = x
+                activity.set(label, first)  # what the lane waits for: the oldest microbatch
                 try:
                     out, tombs = result(fut, timeout)
                 except FutureTimeout:

@@ -19,6 +19,8 @@ from ..errors import LifecycleError
 from .lane_stream import END_OF_LANE, LaneStream, Output
 from .watchdog import stalled
 
+BACKSTOP = 1.5  # the consumer's wait, in multiples of stall_timeout_s
+
 
 class Pump:
     def __init__(self, streams: dict[int, LaneStream], order: list[int], prefetch: int,
@@ -79,7 +81,9 @@ class Pump:
     def take(self, lane: int) -> Output:
         cond = self._cond
         timeout = self._timeout
-        deadline = None if timeout is None else monotonic() + timeout
+        # a backstop: the lane's own checks (watchdog.py) name the culprit more precisely
+        # and fire first, at 1x; this catches what they cannot see
+        deadline = None if timeout is None else monotonic() + BACKSTOP * timeout
         with cond:
             q = self._queues[lane]
             while not q:
@@ -105,8 +109,8 @@ class Pump:
             stream = self._streams[working]
             what = f"the pump thread is advancing lane {working}"
             activity = ": " + stream.activity.describe(working)
-        return stalled(f"the consumer waited for lane {lane}'s next output; {what}{activity}",
-                       timeout)
+        return stalled(f"the consumer waited {BACKSTOP * timeout:g} s for lane {lane}'s next "
+                       f"output; {what}{activity}", timeout)
 
     def queued(self) -> dict[int, int]:
         return {lane: len(q) for lane, q in self._queues.items()}

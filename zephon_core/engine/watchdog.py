@@ -7,7 +7,8 @@ Three places watch the clock, each where the waiting happens:
 * a microbatch that does not come back from a threads/processes stage (a map blocked
   in I/O) -- the stage waits with a timeout;
 * a consumer that waits for the pump thread (which is stuck in one of the above or in
-  an inline operator) -- ``Pump.take`` waits with a timeout.
+  an inline operator) -- ``Pump.take`` waits with a timeout, a backstop at 1.5x so the
+  two checks above, which name the culprit more precisely, fire first.
 
 Each raises :class:`~zephon_core.errors.PipelineStalled` naming the stage, the lane and
 the cursor, and logs every thread's stack (a stall is a bug somewhere; the stacks say

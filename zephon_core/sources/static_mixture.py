@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.content import component_fingerprint
-from ..errors import ConfigError, CorruptCheckpoint
+from ..errors import ConfigError, CorruptCheckpoint, PipelineError
 from ..rng import derive_seed
 from .chunk import WorkChunk
 from .mixture import SmoothWeightedRoundRobin, integer_weights
@@ -194,10 +194,17 @@ class StaticMixtureWorkSource:
 
         Computed when a pipeline compiles, not cached: a dataset edited in place between
         two runs of one process must show up."""
-        return {name: component_fingerprint(ds, lambda rows, d=d: self.read(d, rows), n,
-                                             derive_seed(self.seed, d))
-                for d, (name, ds, n) in enumerate(zip(self.component_names, self._datasets,
-                                                      self.lengths, strict=True))}
+        out = {}
+        for d, (name, ds, n) in enumerate(zip(self.component_names, self._datasets,
+                                              self.lengths, strict=True)):
+            try:
+                out[name] = component_fingerprint(ds, lambda rows, d=d: self.read(d, rows), n,
+                                                  derive_seed(self.seed, d))
+            except Exception as e:  # noqa: BLE001 - a read failed: name the dataset
+                raise PipelineError(f"reading dataset {name!r} for its content fingerprint "
+                                    f"failed: {type(e).__name__}: {e}",
+                                    operator="fingerprint") from e
+        return out
 
     def check_chunk(self, chunk: WorkChunk) -> None:
         """Raise ``CorruptCheckpoint`` unless a restored chunk fits these datasets."""

@@ -18,7 +18,7 @@ import torch
 from transformers.trainer_pt_utils import safe_globals
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from zephon_core import ConfigError
+from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
 
 STATE_FILE = "zephon_state.msgpack.zst"
@@ -39,11 +39,47 @@ def write_state(checkpoint_dir: str, state: dict[str, Any]) -> str:
 
 
 def read_state(checkpoint_dir: str) -> dict[str, Any]:
+    """The Zephon state saved in ``checkpoint_dir``.
+
+    Raises:
+        MissingCheckpointState: the directory has no state file. Zephon writes its file
+            after the Trainer's, so when sibling checkpoints have one, this save was most
+            likely interrupted: the error names the latest complete checkpoint.
+    """
     path = os.path.join(checkpoint_dir, STATE_FILE)
     if not os.path.exists(path):
-        raise ConfigError(f"{checkpoint_dir} has no {STATE_FILE}; it was not written with "
-                          "ZephonCallback/ZephonTrainer, so the data position cannot be restored")
+        complete = _complete_siblings(checkpoint_dir)
+        if complete:
+            raise MissingCheckpointState(
+                f"{checkpoint_dir} has no {STATE_FILE}: the save was probably interrupted "
+                f"(Zephon writes its file after the Trainer's). Resume from {complete[-1]}, "
+                "the latest complete checkpoint, and delete the incomplete one")
+        raise MissingCheckpointState(
+            f"{checkpoint_dir} has no {STATE_FILE}: it was not written with "
+            "ZephonCallback/ZephonTrainer (or its save was interrupted), so the data "
+            "position cannot be restored")
     return codec.decode(codec.read_bytes(path))
+
+
+def _complete_siblings(checkpoint_dir: str) -> list[str]:
+    """``checkpoint-N`` directories next to ``checkpoint_dir`` with a state file, by step,
+    older than it."""
+    parent = os.path.dirname(os.path.abspath(checkpoint_dir))
+    own = _step_of(os.path.basename(os.path.abspath(checkpoint_dir)))
+    found = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        step = _step_of(name)
+        full = os.path.join(parent, name)
+        if step is not None and (own is None or step < own) and \
+                os.path.isfile(os.path.join(full, STATE_FILE)):
+            found.append((step, full))
+    return [p for _, p in sorted(found)]
+
+
+def _step_of(name: str) -> int | None:
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    tail = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() else None
 
 
 def trainer_resume_arg() -> str | None:

@@ -8,7 +8,10 @@ the data would restart from its first batch with no warning. So
 
 * on save, moves the datamodule's entry to the fixed top-level key ``"zephon"``
   (``{"state": pipeline state, "rng": [per-rank RNG states]}``), gathering every
-  rank's RNG state to rank 0, which is the rank whose dict Lightning writes;
+  rank's RNG state to rank 0, which is the rank whose dict Lightning writes. The next
+  training step starts from that RNG state in this run as in a run resumed from the
+  checkpoint, so what draws between a save and the next step (a validation loader
+  creating its iterator, say) cannot make the two differ;
 * on load, finds the state under ``"zephon"`` -- or, for checkpoints of earlier
   releases, under any top-level entry holding ``{"zephon": <pipeline state>}`` -- and
   hands it to the datamodule; a resumed ``fit`` (``global_step > 0``) whose checkpoint
@@ -44,8 +47,9 @@ class ZephonCheckpointHook(pl.Callback):
         dm = self.datamodule
         entry = checkpoint.pop(type(dm).__qualname__, None)  # Lightning keyed it by class
         state = entry[dm.STATE_KEY] if entry else dm.state_dict()[dm.STATE_KEY]
-        checkpoint[CHECKPOINT_KEY] = {"state": state,
-                                      "rng": _gather(rng.capture(), trainer.world_size)}
+        mine = rng.capture()
+        checkpoint[CHECKPOINT_KEY] = {"state": state, "rng": _gather(mine, trainer.world_size)}
+        dm._pin_rng(mine)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: Any,
                            checkpoint: dict[str, Any]) -> None:

@@ -12,9 +12,11 @@ What it takes care of (Lightning 2.x traps):
   returns an empty dict.
 * The state lives under a fixed checkpoint key, and a resumed fit whose checkpoint has
   none is an error rather than a silent restart (``checkpoint_hook.py``).
-* The global RNGs (python, numpy, torch, CUDA) of every rank are saved with the state
-  and restored right before the first resumed training step, so dropout continues
-  exactly as in the uninterrupted run.
+* The global RNGs (python, numpy, torch, CUDA) of every rank are saved with the state,
+  and the first training step after a save -- in this run and in a run resumed from
+  that checkpoint -- starts from them, so dropout continues exactly as in the
+  uninterrupted run (draws between the save and that step, e.g. by validation, do not
+  leak into training).
 * ``train_dataloader()`` serves this rank's lanes (no DistributedSampler) through a
   loader handle the module owns; asked again within one fit, it continues the stream.
 """
@@ -200,6 +202,11 @@ class ZephonDataModule(pl.LightningDataModule):
             self._loader.close()
             self._loader = None
         self._restore = state_dict[STATE_KEY]
+
+    def _pin_rng(self, state: dict[str, Any]) -> None:
+        """The next training step starts from ``state`` (the RNG saved in a checkpoint)."""
+        if self.restore_rng:
+            self._rng_pending = state
 
     def _resume_rng(self, states: list[dict[str, Any]] | None, trainer: Any) -> None:
         if not self.restore_rng or not states:

@@ -1,0 +1,38 @@
+"""One rank of ``test_finite_end.py``: iterate a finite stream to its end over gloo.
+
+Usage: ``python finite_worker.py SPEC_JSON``. Writes ``{"outputs": [...], ...}`` to the
+spec's ``out`` path; the parent compares the ranks and kills stragglers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
+
+import torch.distributed as dist  # noqa: E402
+from helpers import batch_digest as digest  # noqa: E402
+from helpers import finite_pipeline as build  # noqa: E402
+
+
+def main(spec: dict) -> None:
+    rank, world = spec["rank"], spec["world"]
+    dist.init_process_group("gloo", init_method=f"file://{spec['init']}", rank=rank,
+                            world_size=world)
+    pipe = build()  # the topology comes from the process group
+    handle = pipe.dataloader(num_workers=spec["workers"]) if spec["workers"] else pipe.iterate()
+    outputs = [digest(o) for o in handle]
+    state = handle.checkpoint()  # an aggregation round over the process group's store
+    handle.close()
+    again = build().iterate(restore=state)
+    after = [digest(o) for o in again]
+    again.close()
+    Path(spec["out"]).write_text(json.dumps({"outputs": outputs, "position": state["position"],
+                                             "after_restore": after}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
