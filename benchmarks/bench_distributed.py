@@ -75,7 +75,7 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
 
     def run_once(carry: bool) -> float:
         p = reference_pipeline(prefetch=0, parallelism=1)
-        run = iter(p)
+        run = iter(p).run
         consumer = RankConsumer(p, p.topology(), None) if carry else None
         for _ in range(50):
             next(run)
@@ -95,7 +95,7 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
         for carry in ((False, True) if r % 2 == 0 else (True, False)):
             (carried if carry else plain).append(run_once(carry))
     p = reference_pipeline(prefetch=0, parallelism=1)
-    run = iter(p)
+    run = iter(p).run
     sizes = []
     for _ in range(300):
         next(run)

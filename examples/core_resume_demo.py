@@ -41,22 +41,20 @@ def fingerprint(batch: dict) -> str:
 
 def run_phase(args: argparse.Namespace) -> None:
     """Runs inside a fresh process: 'head' stops at CUT and saves, 'tail' restores."""
-    pipe = build(Path(args.tokenizer))
+    pipe = build(Path(args.tokenizer))  # a description; iterating returns a handle
     out: dict = {}
     if args.phase == "head":
-        it = iter(pipe)
-        out["fingerprints"] = [fingerprint(next(it)) for _ in range(CUT)]
-        out["checkpoint_bytes"] = pipe.save(args.checkpoint)
+        with pipe.iterate() as it:
+            out["fingerprints"] = [fingerprint(next(it)) for _ in range(CUT)]
+            out["checkpoint_bytes"] = it.save(args.checkpoint)
     else:
         t0 = time.perf_counter()
-        pipe.restore(args.checkpoint)
-        it = iter(pipe)
-        first = next(it)
-        out["restore_to_first_batch_s"] = time.perf_counter() - t0
-        out["chunks_replayed"] = pipe.chunks_replayed
-        out["fingerprints"] = [fingerprint(first)] + [fingerprint(next(it))
-                                                       for _ in range(TOTAL - CUT - 1)]
-    pipe.close()
+        with pipe.iterate(restore=Pipeline.load(args.checkpoint)) as it:
+            first = next(it)
+            out["restore_to_first_batch_s"] = time.perf_counter() - t0
+            out["chunks_replayed"] = it.chunks_replayed
+            out["fingerprints"] = [fingerprint(first)] + [fingerprint(next(it))
+                                                           for _ in range(TOTAL - CUT - 1)]
     Path(args.result).write_text(json.dumps(out))
 
 
@@ -71,11 +69,10 @@ def main() -> None:
         pipe = build(tok_path)
         print("\nPipeline.explain():\n" + pipe.explain() + "\n")
         t0 = time.perf_counter()
-        it = iter(pipe)
-        reference = [fingerprint(next(it)) for _ in range(TOTAL)]
-        elapsed = time.perf_counter() - t0
-        stats = pipe.stats()
-        pipe.close()
+        with pipe.iterate() as it:
+            reference = [fingerprint(next(it)) for _ in range(TOTAL)]
+            elapsed = time.perf_counter() - t0
+            stats = it.stats()
         print(f"uninterrupted run: {TOTAL} batches of {BATCH}x{SEQ_LEN} in {elapsed:.2f}s "
               f"({TOTAL / elapsed:.0f} batches/s), padding {stats['padding_ratio']:.1%}, "
               "token share " + ", ".join(f"{k} {v:.1%}" for k, v in

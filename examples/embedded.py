@@ -46,6 +46,13 @@ class BatchTokenizer:
     def __getstate__(self) -> dict:
         return {"path": self.path, "_tok": None}
 
+    def zephon_fingerprint(self) -> str:
+        """The tokenizer file's content: a checkpoint restores only under the same
+        tokenizer, also when another file was written to the same path."""
+        import hashlib
+
+        return hashlib.sha256(Path(self.path).read_bytes()).hexdigest()[:32]
+
 
 def build_pipeline(tokenizer_path: Path, seq_len: int = 512, batch_size: int = 8,
                    lanes: int = 4) -> Pipeline:

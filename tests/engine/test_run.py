@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 from helpers import CODE, PROSE, byte_tokenize, reference_pipeline, source
 
-from zephon_core import LifecycleError, ContractViolation, Operator, OpTraits, Pipeline, PipelineError, SampleCursor
+from zephon_core import (
+    ContractViolation,
+    LifecycleError,
+    Operator,
+    OpTraits,
+    Pipeline,
+    PipelineError,
+    SampleCursor,
+)
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 ALL_DOCS = {d["id"]: d["text"] for d in PROSE + CODE}

@@ -16,7 +16,7 @@ from helpers import byte_tokenize, source
 from hf_helpers import CrashAt, LossLog, make_pipeline, ragged_pipeline, reference, tiny_model
 from transformers import Trainer, TrainingArguments
 
-from zephon_core import ConfigError, Pipeline
+from zephon_core import ConfigError, MissingCheckpointState, Pipeline
 from zephon_core.checkpoint import codec
 from zephon_integrations.hf import ZephonCallback
 from zephon_integrations.hf import callback as callback_module
@@ -98,7 +98,7 @@ def test_checkpoint_of_another_step_is_refused(tmp_path):
 def test_missing_state_is_a_clear_error(tmp_path):
     run(tmp_path / "b", 3)
     os.remove(tmp_path / "b" / "checkpoint-3" / STATE_FILE)
-    with pytest.raises(ConfigError, match=STATE_FILE):
+    with pytest.raises(MissingCheckpointState, match=STATE_FILE):
         run(tmp_path / "b", 6, resume=True)
 
 
@@ -142,7 +142,8 @@ def test_trainer_workers_move_into_zephon(tmp_path):
 
 
 def test_batch_shapes_are_known_before_training():
-    assert not callback_module._fixed_shape(ragged_pipeline())  # dispatching it is refused (2 ranks)
+    # batches padded to their longest row: dispatching them is refused with 2 ranks
+    assert not callback_module._fixed_shape(ragged_pipeline())
     assert callback_module._fixed_shape(make_pipeline())
     assert callback_module._rows_per_output(make_pipeline(), 4) == 4
     with pytest.raises(ConfigError, match="train_batch_size=8"):

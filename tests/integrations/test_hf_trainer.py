@@ -14,7 +14,7 @@ import torch
 from hf_helpers import CrashAt, fingerprint, make_pipeline, reference
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-from zephon_core import ConfigError
+from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
 from zephon_integrations.hf.trainer import STATE_FILE, ZephonTrainer
 
@@ -71,7 +71,7 @@ def test_resume_from_an_explicit_path_and_rotation_keeps_states(tmp_path):
 def test_missing_state_and_missing_max_steps_are_clear_errors(tmp_path):
     run(tmp_path / "b", 3)
     os.remove(tmp_path / "b" / "checkpoint-3" / STATE_FILE)
-    with pytest.raises(ConfigError, match=STATE_FILE):
+    with pytest.raises(MissingCheckpointState, match=STATE_FILE):
         run(tmp_path / "b", 6, resume=True)
     with pytest.raises(ConfigError, match="no checkpoint"):
         run(tmp_path / "empty", 6, resume=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -186,7 +187,7 @@ def _feed(h: Any, obj: Any, depth: int, seen: set[int]) -> None:  # noqa: C901 -
         return
     # any other object: its type, its __call__ (callable objects) and its state
     _tag(h, "obj:" + _qualname(obj))
-    call = getattr(type(obj), "__call__", None)
+    call = inspect.getattr_static(type(obj), "__call__", None) if callable(obj) else None
     if isinstance(call, types.FunctionType):
         _feed_function(h, call, depth + 1, seen)
     _feed(h, _object_state(obj), depth + 1, seen)

@@ -336,12 +336,12 @@ class Pipeline:
         """
         live = self._live_current()
         if live is not None:
+            kind = "loader" if isinstance(live, ZephonDataLoader) else "iterator"
             raise LifecycleError(
                 "load_state_dict() must come before iter(pipe) / pipe.dataloader(): this "
-                f"pipeline already has a live {'loader' if isinstance(live, ZephonDataLoader) else 'iterator'}"
-                ", which would not follow the restore. Restore first, pass the state to the "
-                "handle (pipe.iterate(restore=state), pipe.dataloader(restore=state)), or "
-                "pipe.close() first")
+                f"pipeline already has a live {kind}, which would not follow the restore. "
+                "Restore first, pass the state to the handle (pipe.iterate(restore=state), "
+                "pipe.dataloader(restore=state)), or pipe.close() first")
         parsed = self._admit(state, allow_changes)
         self._set(_restore=parsed, _restore_used=False, _current=None)
 

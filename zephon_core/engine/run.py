@@ -24,9 +24,9 @@ from typing import Any
 from ..checkpoint.state import LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
+from ..ops.batch import BatchOp
 from ..tracking.eviction import Delivery
 from ..tracking.mirror import LaneDelta
-from ..ops.batch import BatchOp
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
 from .processes import StagePool, can_start_processes

@@ -14,8 +14,6 @@ member, which is what the replay filter matches on resume.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from torch.utils.data import default_collate

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..records import Record
 from ..checkpoint.content import function_fingerprint
+from ..records import Record
 from .base import Operator, OpTraits, callable_name
 
 

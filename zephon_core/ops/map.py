@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..checkpoint.content import function_fingerprint
 from ..errors import ContractViolation
 from ..records import Record
-from ..checkpoint.content import function_fingerprint
 from .base import Operator, OpTraits, callable_name
 
 
