@@ -128,3 +128,24 @@ def test_one_batched_read_per_dataset_per_chunk():
     pipe.close()
     assert len(calls) == 4 and sum(calls) == 20
     assert all(set(r) == {"text", "idx", "meta"} for r in rows)
+
+
+def test_a_transformed_hf_dataset_is_incompatible_with_the_checkpoint():
+    """``Dataset._fingerprint`` changes with every transform: a checkpoint taken over the
+    original rows refuses to restore over mapped ones (and says how to accept it)."""
+    from zephon_core import IncompatibleCheckpoint
+
+    def build(ds):
+        src = StaticMixtureWorkSource(hf_components({"a": ds}), chunk_size=4, seed=0)
+        return Pipeline(src, prefetch=0).fetch()
+
+    ds = _ds(30, "a")
+    with build(ds) as pipe:
+        take(pipe, 5)
+        state = pipe.checkpoint()
+    changed = ds.map(lambda r: {"text": r["text"].upper()})
+    with pytest.raises(IncompatibleCheckpoint, match="dataset 'a'.*allow_changes"):
+        build(changed).load_state_dict(state)
+    again = build(ds)  # the same dataset (same fingerprint) restores
+    again.load_state_dict(state)
+    again.close()

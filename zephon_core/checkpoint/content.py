@@ -41,6 +41,7 @@ SAMPLED_ROWS = 32        # otherwise: first, last and this many seed-picked rows
 _MAX_DEPTH = 6
 _MAX_ITEMS = 4096        # longer containers: length, head and tail
 _MAX_ARRAY_BYTES = 1 << 24  # larger arrays: shape, dtype and a strided sample
+_MAX_UPDATES = 200_000   # pieces fed per digest before the walk is cut
 
 __all__ = ["component_fingerprint", "content_fingerprints", "function_fingerprint",
            "digest_value"]
@@ -72,28 +73,59 @@ def component_fingerprint(dataset: Any, read: Any, length: int, key: int) -> str
         picks = {0, length - 1}
         picks.update(derive_seed(key, "content", i) % length for i in range(SAMPLED_ROWS))
         rows = sorted(picks)
-    h = hashlib.blake2b(digest_size=16)
-    _feed(h, length, 0, set())
+    h = _Budgeted()
+    h.walk(length)
     for r, value in zip(rows, read(rows)):
-        _feed(h, r, 0, set())
-        _feed(h, value, 0, set())
+        h.walk(r)
+        h.walk(value)
     return "rows:" + h.hexdigest()
 
 
 def function_fingerprint(fn: Any, version: Any = None) -> str:
     """Digest of a user function (see the module docstring for what it covers)."""
     if version is not None:
-        return "version:" + str(version)
-    h = hashlib.blake2b(digest_size=16)
-    _feed(h, fn, 0, set())
+        return "version:" + str(version() if callable(version) else version)
+    h = _Budgeted()
+    h.walk(fn)
     return "code:" + h.hexdigest()
 
 
 def digest_value(value: Any) -> str:
     """Digest of any value by the rules above (for tests and custom fingerprints)."""
-    h = hashlib.blake2b(digest_size=16)
-    _feed(h, value, 0, set())
+    h = _Budgeted()
+    h.walk(value)
     return h.hexdigest()
+
+
+class _Exhausted(Exception):
+    pass
+
+
+class _Budgeted:
+    """A hash that stops a walk after :data:`_MAX_UPDATES` pieces (deterministically: the
+    same value is always cut at the same place), so a huge nested value cannot make
+    compiling slow."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.blake2b(digest_size=16)
+        self._left = _MAX_UPDATES
+
+    def update(self, data: bytes) -> None:
+        self._left -= 1
+        if self._left < 0:
+            raise _Exhausted
+        self._h.update(data)
+
+    def walk(self, value: Any) -> None:
+        if self._left < 0:
+            return
+        try:
+            _feed(self, value, 0, set())
+        except _Exhausted:
+            self._h.update(b"\x00truncated")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 def _hf_fingerprint(obj: Any) -> str | None:

@@ -89,8 +89,9 @@ class Pipeline:
             ``aggregate_dir``. With neither, ``"torch://"`` is used when
             torch.distributed is initialized.
         aggregate_timeout_s: one time budget for a whole aggregation round.
-        stall_timeout_s: the longest a consumer waits for one output (and a lane works
-            without producing one) before ``PipelineStalled``; None disables.
+        stall_timeout_s: the longest a lane may work without producing an output, or a
+            stage take for one microbatch, before ``PipelineStalled`` (the consumer's own
+            wait is a backstop at 1.5x); None disables. See ``engine/watchdog.py``.
     """
 
     def __init__(self, source: SourceSpec, canonical_replicas: int = 1,
@@ -198,15 +199,16 @@ class Pipeline:
 
     def map(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
             batched: bool = False, runner: str = "threads",
-            version: str | None = None) -> Pipeline:
+            version: str | Callable[[], str] | None = None) -> Pipeline:
         """``runner="processes"`` runs ``fn`` on worker processes (GIL-bound functions;
-        ``fn`` must be picklable, e.g. defined at module level). ``version`` names the
-        function's behaviour in place of its automatic content fingerprint."""
+        ``fn`` must be picklable, e.g. defined at module level). ``version`` (a string, or
+        a function returning one) names the function's behaviour in place of its
+        automatic content fingerprint, which a restore compares."""
         return self.then(MapOp(fn, parallelism, name, batched, runner, version))
 
     def filter(self, predicate: Callable[[Any], bool], parallelism: int = 1,
                name: str | None = None, runner: str = "threads",
-               version: str | None = None) -> Pipeline:
+               version: str | Callable[[], str] | None = None) -> Pipeline:
         return self.then(FilterOp(predicate, parallelism, name, runner, version))
 
     def split(self, max_len: int, key: str = "input_ids") -> Pipeline:

@@ -11,9 +11,14 @@ An operator turns records into records, per lane. What it owes replay:
   RNG included; afterwards ``has_pending(lane_id)`` must be False, or the
   runner raises :class:`~zephon_core.errors.ContractViolation`;
 * randomness is a pure function of (operator seed, lane, something replay
-  reproduces), never a counter that survives a reset.
+  reproduces), never a counter that survives a reset;
+* ``describe()`` returns every parameter that changes the output (the configuration
+  fingerprint), and ``content_fingerprint()`` a digest of user code it runs, if any
+  (compared on restore; see ``checkpoint/content.py``).
 
-Tombstones never reach ``process``: the runner forwards them itself.
+Tombstones never reach ``process``: the runner forwards them itself. Token arrays
+reaching an operator that counts or concatenates tokens go through
+:func:`token_array`, which refuses float or multi-dimensional ids.
 """
 
 from __future__ import annotations
