@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..checkpoint.state import LaneState, PipelineState
+from ..checkpoint.value_digest import Deferred, resolve
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
 from ..ops.batch import BatchOp
@@ -162,7 +163,7 @@ class PipelineRun:
         return LaneState(lane=lane, floor=d.floor, next_chunk=max(next_id, d.floor),
                          chunks=chunks, boundaries=bounds, source=source_state,
                          cursor=d.cursor, delivered=d.delivered, exhausted=d.exhausted,
-                         tokens=list(d.tokens), digest=d.digest)
+                         tokens=list(d.tokens), digest=resolve(d.digest))
 
     def lane_states(self) -> dict[int, LaneState]:
         return {lane: self.lane_state(lane) for lane in self.order}
@@ -183,6 +184,8 @@ class PipelineRun:
         chunks, bounds, source_state, next_id = self.streams[lane].ledger.snapshot(d.floor,
                                                                                   since)
         self.shipped[lane] = max(next_id, since)
+        if isinstance(d.digest, Deferred):
+            d = d._replace(digest=resolve(d.digest))
         return LaneDelta(lane=lane, state=d, new_chunks=tuple(chunks), boundaries=tuple(bounds),
                          source=source_state, next_chunk=max(next_id, d.floor))
 

@@ -125,8 +125,24 @@ def token_array(op: Operator, record: Record, key: str) -> Any:
                           "token array; tokenize with map() first") from e
     arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
-        raise ContractViolation(
-            f"operator {op.name!r}: {key!r} at cursor {tuple(record.cursor)} is a "
-            f"{arr.ndim}-D {arr.dtype} array of shape {arr.shape}; token ids must be a 1-D "
-            "integer array (np.int32/np.int64): convert them in your map function")
+        raise bad_tokens(op, record, key, arr)
     return tokens
+
+
+def bad_tokens(op: Operator, record: Record, key: str, arr: Any) -> ContractViolation:
+    arr = np.asarray(arr)
+    return ContractViolation(
+        f"operator {op.name!r}: {key!r} at cursor {tuple(record.cursor)} is a "
+        f"{arr.ndim}-D {arr.dtype} array of shape {arr.shape}; token ids must be a 1-D "
+        "integer array (np.int32/np.int64): convert them in your map function")
+
+
+def check_tokens(op: Operator, records: list[Record], key: str, joined: Any) -> None:
+    """One check of a concatenation of ``records``' token arrays (pack's and batch's hot
+    path): a float or multi-dimensional member makes the whole result one; then name it."""
+    if joined.ndim == 1 and not joined.size:
+        return
+    for r in records:
+        token_array(op, r, key)
+    raise ContractViolation(f"operator {op.name!r}: the {key!r} arrays of "
+                            f"{len(records)} records do not concatenate to 1-D integer ids")

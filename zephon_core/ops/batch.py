@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from ..checkpoint.value_digest import value_digest
+from ..checkpoint.value_digest import Deferred
 from ..errors import ConfigError
 from ..records import Record
-from .base import OpContext, Operator, OpTraits, token_array
+from .base import OpContext, Operator, OpTraits, check_tokens
 
 
 class BatchOp(Operator):
@@ -98,15 +98,15 @@ class BatchOp(Operator):
         else:
             payload = default_collate(payloads)
         # the last member is what the replay filter finds on resume: its digest lets it
-        # check values, not only the position
+        # check values, not only the position (computed when a state is taken)
         last = records[-1]
-        return Record(payload, last.cursor, contributors, value_digest(last.payload))
+        return Record(payload, last.cursor, contributors, Deferred(last.payload))
 
     def _collate_tokens(self, records: list[Record]) -> dict:
         key = self.key
         payloads = [r.payload for r in records]
         last = records[-1]
-        seqs = [token_array(self, r, key) for r in records]
+        seqs = [p[key] for p in payloads]
         lengths = [len(s) for s in seqs]
         width = self._width if self.pad_to == "max" and self._width else max(lengths)
         if max(lengths) > width:
@@ -119,7 +119,13 @@ class BatchOp(Operator):
         # one vectorized scatter for the whole batch: each row's tokens are a prefix
         maskb = np.arange(width)[None, :] < lens[:, None]
         ids = np.full((b, width), self.pad_id, dtype=np.int64)
-        ids[maskb] = np.concatenate(seqs) if b > 1 else seqs[0]
+        try:
+            joined = np.concatenate(seqs) if b > 1 else np.asarray(seqs[0])
+        except ValueError:  # arrays of different dimensions
+            joined = np.zeros((0, 0))
+        if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
+            check_tokens(self, records, key, joined)
+        ids[maskb] = joined
         mask = maskb.astype(np.int64)
         packed = "segment_lengths" in payloads[0]
         if packed:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..records import Record
-from .base import Operator, OpTraits, token_array
+from .base import Operator, OpTraits, check_tokens
 
 
 class _Bin:
@@ -62,8 +62,13 @@ class PackOp(Operator):
     def _emit(self, b: _Bin) -> Record:
         parts = b.parts
         key = self.key
-        tokens = np.concatenate([p.payload[key] for p in parts]) if len(parts) > 1 \
-            else np.asarray(parts[0].payload[key])
+        try:
+            tokens = np.concatenate([p.payload[key] for p in parts]) if len(parts) > 1 \
+                else np.asarray(parts[0].payload[key])
+        except ValueError:  # arrays of different dimensions
+            tokens = np.zeros((0, 0))
+        if tokens.dtype.kind not in "iu" or tokens.ndim != 1:  # one check per emitted bin
+            check_tokens(self, parts, key, tokens)
         lengths = np.fromiter((len(p.payload[key]) for p in parts), dtype=np.int32,
                               count=len(parts))
         contributors = []
@@ -75,7 +80,11 @@ class PackOp(Operator):
         return Record({key: tokens, "segment_lengths": lengths}, parts[0].cursor, contributors)
 
     def process(self, record: Record, lane_id: int) -> list[Record]:
-        n = len(token_array(self, record, self.key))
+        try:
+            n = len(record.payload[self.key])  # ids are checked once per emitted bin
+        except (KeyError, TypeError, IndexError) as e:
+            raise ConfigError(f"pack: payload at cursor {tuple(record.cursor)} has no "
+                              f"{self.key!r} token array; tokenize with map() first") from e
         seq_len = self.seq_len
         if n > seq_len:
             raise ConfigError(f"pack: fragment of {n} tokens at cursor {tuple(record.cursor)} "
