@@ -19,7 +19,7 @@ import pickle
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PipelineError, ZephonError
 from ..records import Record
@@ -89,6 +89,7 @@ class StagePool:
         self._cap = max(sum(op.parallelism for op in ops) for ops in stages.values())
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
+        self._workers: dict[int, Any] = {}  # every worker process seen, for its exit code
 
     @property
     def pool(self) -> ProcessPoolExecutor:
@@ -108,12 +109,13 @@ class StagePool:
     def _failed(self, stage: int, e: BaseException) -> PipelineError:
         names = ", ".join(repr(op.name) for op in self.ops[stage])
         if isinstance(e, (BrokenProcessPool, BrokenPipeError, EOFError, ConnectionError)):
-            codes = [p.exitcode for p in list((self._pool._processes or {}).values())
-                     if p.exitcode is not None] if self._pool is not None else []
-            killed = [c for c in codes if c < 0]
-            how = (f"was killed by signal {-killed[0]} (out of memory? an external kill?)"
-                   if killed else f"exited with code {codes[0]}" if codes else
-                   "died or could not start")
+            codes = [p.exitcode for p in list(self._workers.values()) if p.exitcode is not None]
+            # the pool SIGTERMs the other workers once one dies: name the first death
+            exited = [c for c in codes if c > 0]
+            killed = [c for c in codes if c < 0 and c != -15]
+            how = (f"exited with code {exited[0]}" if exited else
+                   f"was killed by signal {-killed[0]} (out of memory? an external kill?)"
+                   if killed else "was terminated" if codes else "died or could not start")
             why = (f"{how}: functions run there must be importable (defined in a module "
                    "file, not a notebook cell; scripts need an `if __name__ == '__main__':` "
                    "guard) and must not exit the process; the run cannot continue, restore "
@@ -126,9 +128,13 @@ class StagePool:
 
     def submit(self, stage: int, lane: int, records: list[Record]) -> Future:
         try:
-            return self.pool.submit(_run_job, stage, lane, records)
+            fut = self.pool.submit(_run_job, stage, lane, records)
         except (BrokenProcessPool, BrokenPipeError) as e:
             raise self._failed(stage, e) from e
+        # the pool forgets workers once it breaks; keep them to report how they ended
+        if len(self._workers) < len(self._pool._processes or {}):
+            self._workers.update(self._pool._processes)
+        return fut
 
     def collect(self, stage: int, future: Future, timeout: float | None = None
                 ) -> tuple[list[Record], list[Record]]:
