@@ -73,6 +73,19 @@ def check_shippable(op: Operator) -> None:
             "closures do not pickle) or use runner='threads'") from e
 
 
+def _deaths(codes: set[int]) -> str:
+    """How workers ended, the likely first death first: once one dies, the pool ends the
+    others (SIGTERM, or exit code 255 when their queue breaks)."""
+    def describe(c: int) -> str:
+        if c > 0:
+            return f"exited with code {c}"
+        return f"was killed by signal {-c}" + (" (out of memory? an external kill?)"
+                                               if c == -9 else "")
+    aftermath = {-15, 255}
+    ordered = sorted(codes, key=lambda c: (c in aftermath, c < 0, c))
+    return "; ".join(describe(c) for c in ordered)
+
+
 def can_start_processes() -> bool:
     """False inside daemonic processes (DataLoader workers), which may not have children."""
     return not mp.current_process().daemon
@@ -109,13 +122,8 @@ class StagePool:
     def _failed(self, stage: int, e: BaseException) -> PipelineError:
         names = ", ".join(repr(op.name) for op in self.ops[stage])
         if isinstance(e, (BrokenProcessPool, BrokenPipeError, EOFError, ConnectionError)):
-            codes = [p.exitcode for p in list(self._workers.values()) if p.exitcode is not None]
-            # the pool SIGTERMs the other workers once one dies: name the first death
-            exited = [c for c in codes if c > 0]
-            killed = [c for c in codes if c < 0 and c != -15]
-            how = (f"exited with code {exited[0]}" if exited else
-                   f"was killed by signal {-killed[0]} (out of memory? an external kill?)"
-                   if killed else "was terminated" if codes else "died or could not start")
+            codes = {p.exitcode for p in list(self._workers.values()) if p.exitcode is not None}
+            how = _deaths(codes) if codes else "died or could not start"
             why = (f"{how}: functions run there must be importable (defined in a module "
                    "file, not a notebook cell; scripts need an `if __name__ == '__main__':` "
                    "guard) and must not exit the process; the run cannot continue, restore "
