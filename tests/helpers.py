@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
+
+TESTS = Path(__file__).resolve().parent
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a worker process started with subprocess: it imports the test
+    helpers by name, as pytest's ``pythonpath`` setting lets the tests do."""
+    dirs = [TESTS, TESTS / "integrations", TESTS / "ops", TESTS / "distributed"]
+    path = os.pathsep.join([str(d) for d in dirs] + [os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path.rstrip(os.pathsep), **extra)
 
 
 def make_docs(n: int, lo: int, hi: int, seed: int, letter: str) -> list[dict]:

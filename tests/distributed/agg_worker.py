@@ -22,17 +22,6 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def _setup_path() -> None:
-    for p in (str(HERE.parent), str(HERE.parent.parent)):  # tests/ (helpers), repo root
-        if p not in sys.path:
-            sys.path.insert(0, p)
-
-
-_setup_path()
-
 
 def build(*, aggregate_dir=None, aggregate_store=None, aggregate_timeout_s: float = 300.0):
     """The pipeline of ``helpers.reference_pipeline()`` with aggregation settings."""

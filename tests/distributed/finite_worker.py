@@ -10,11 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
-
-import torch.distributed as dist  # noqa: E402
-from helpers import batch_digest as digest  # noqa: E402
-from helpers import finite_pipeline as build  # noqa: E402
+import torch.distributed as dist
+from helpers import batch_digest as digest
+from helpers import finite_pipeline as build
 
 
 def main(spec: dict) -> None:

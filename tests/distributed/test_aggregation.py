@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import reference_pipeline
+from helpers import reference_pipeline, worker_env
 
 from zephon_core.checkpoint import codec
 from zephon_core.checkpoint.state import PipelineState
@@ -61,7 +61,7 @@ class Ranks:
 
     def run(self, guard_s: float = GUARD_S) -> dict[str, dict]:
         procs = {}
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = worker_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         try:
             for tag, spec in self.specs.items():
                 path = self.dir / f"{tag}.json"

@@ -10,7 +10,6 @@ checkpoint taken there restores to an iterator that ends at once.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import batch_digest as digest
 from helpers import finite_pipeline as build
+from helpers import worker_env
 
 from zephon_core.testing import take
 
@@ -32,7 +32,7 @@ def run_ranks(tmp_path: Path, world: int, workers: int) -> list[dict]:
         spec = dict(rank=rank, world=world, init=str(tmp_path / "pg"), out=str(out),
                     workers=workers)
         procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)],
-                                      env=dict(os.environ, PYTHONUNBUFFERED="1")))
+                                      env=worker_env(PYTHONUNBUFFERED="1")))
         outs.append(out)
     try:
         for p in procs:

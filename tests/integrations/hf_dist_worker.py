@@ -14,20 +14,17 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # hf_helpers, helpers
-
-import torch.distributed as dist  # noqa: E402
-from hf_helpers import (  # noqa: E402
+import torch.distributed as dist
+from hf_helpers import (
     CrashAt,
     LossLog,
     make_pipeline,
     ragged_pipeline,
     tiny_model,
 )
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainingArguments
 
-from zephon_integrations.hf import ZephonCallback, ZephonTrainer  # noqa: E402
+from zephon_integrations.hf import ZephonCallback, ZephonTrainer
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 

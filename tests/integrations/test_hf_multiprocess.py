@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import worker_env
 from hf_helpers import make_pipeline, reference, reference_rows, tiny_model
 from transformers import Trainer, TrainingArguments
 
@@ -43,7 +44,7 @@ def torchrun(tmp: Path, name: str, out: str, steps: int, opts: dict
            "--record", str(tmp / name), "--max-steps", str(steps)]
     for k, v in opts.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = worker_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
         try:

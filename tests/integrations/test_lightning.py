@@ -11,19 +11,11 @@ from __future__ import annotations
 import csv
 import glob
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-# makes ``lightning_helpers`` importable (no conftest here; ddp_spawn children inherit sys.path)
-sys.path.insert(0, str(Path(__file__).parent))
-
-pl = pytest.importorskip("lightning.pytorch")
-
-import torch  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-from lightning_helpers import (  # noqa: E402
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from lightning_helpers import (
     LANES,
     fit,
     global_stream,
@@ -32,8 +24,8 @@ from lightning_helpers import (  # noqa: E402
     step_checkpoint,
 )
 
-from zephon_core import ConfigError, MissingCheckpointState  # noqa: E402
-from zephon_integrations.lightning import ZephonDataModule  # noqa: E402
+from zephon_core import ConfigError, MissingCheckpointState
+from zephon_integrations.lightning import ZephonDataModule
 
 DM_KEY = "ZephonDataModule"
 MAX_STEPS = 12

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from lightning.pytorch.cli import LightningCLI
+from lightning_helpers import Tiny, global_stream
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
-from lightning_helpers import Tiny, global_stream  # noqa: E402
-
-from zephon_integrations.lightning import ZephonDataModule  # noqa: E402
+from zephon_integrations.lightning import ZephonDataModule
 
 
 def test_cli_builds_the_datamodule_from_a_factory_import_path(tmp_path):

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import pickle
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -122,6 +123,9 @@ class StagePool:
     def _failed(self, stage: int, e: BaseException) -> PipelineError:
         names = ", ".join(repr(op.name) for op in self.ops[stage])
         if isinstance(e, (BrokenProcessPool, BrokenPipeError, EOFError, ConnectionError)):
+            deadline = time.monotonic() + 2.0  # a dying worker is reaped a moment later
+            for p in list(self._workers.values()):
+                p.join(max(0.0, deadline - time.monotonic()))
             codes = {p.exitcode for p in list(self._workers.values()) if p.exitcode is not None}
             how = _deaths(codes) if codes else "died or could not start"
             why = (f"{how}: functions run there must be importable (defined in a module "
