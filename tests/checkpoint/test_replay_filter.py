@@ -14,7 +14,18 @@ from helpers import source
 
 from zephon_core import Operator, OpTraits, Pipeline, ReplayDivergence
 from zephon_core.checkpoint.replay_filter import ReplayFilter
+from zephon_core.ops import OpContext
 from zephon_core.records import Contributor, Record, SampleCursor
+
+
+def lane_filter(lane: int = 0, monotone: bool = False, name: str = "batch_replay_filter",
+                target: SampleCursor | None = None) -> ReplayFilter:
+    """The replay filter instance of one lane (the template bound as compile does)."""
+    template = ReplayFilter(name, monotone=monotone)
+    template.bind(OpContext(seed=1, index=0, component_names=("a",), weights=(1.0,)))
+    rf = template.for_lane(lane)
+    rf.set_target(target)
+    return rf
 
 
 def rec(lane: int, cid: int, off: int, child: int = 0, payload=None) -> Record:
@@ -28,11 +39,10 @@ C = {i: rec(0, 0, i) for i in range(6)}
 
 
 def test_equality_match_drops_prefix_as_tombstones_and_forwards_the_rest():
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
-    rf.set_target(0, C[3].cursor)
+    rf = lane_filter(0, False, "batch_replay_filter", C[3].cursor)
     out = []
     for r in (C[2], C[1], C[3], C[4], C[5]):
-        out.extend(rf.process(r, 0))
+        out.extend(rf.process(r))
     assert len(out) == 5
     assert [o.is_tombstone for o in out] == [True, True, True, False, False]
     assert [o.cursor for o in out] == [C[i].cursor for i in (2, 1, 3, 4, 5)]
@@ -40,53 +50,51 @@ def test_equality_match_drops_prefix_as_tombstones_and_forwards_the_rest():
     assert [o.contributors for o in out[:3]] == [C[i].contributors for i in (2, 1, 3)]
     assert out[3] is C[4] and out[4] is C[5]
     # The match is equality, not a threshold: a later record below C3 is forwarded.
-    late = rf.process(C[0], 0)
+    late = rf.process(C[0])
     assert late == [C[0]] and not late[0].is_tombstone
-    assert rf.targets == {}
+    assert rf.target is None
 
 
 def test_threshold_would_be_wrong_records_below_target_after_it_pass():
-    rf = ReplayFilter("x_replay_filter", monotone=False)
-    rf.set_target(0, SampleCursor(0, 2, 5, 1))
+    rf = lane_filter(0, False, "x_replay_filter", SampleCursor(0, 2, 5, 1))
     before = [rec(0, 3, 0), rec(0, 2, 6), rec(0, 2, 5, 0)]
-    assert all(o.is_tombstone for r in before for o in rf.process(r, 0))
-    assert rf.process(rec(0, 2, 5, 1), 0)[0].is_tombstone  # the target itself is dropped
+    assert all(o.is_tombstone for r in before for o in rf.process(r))
+    assert rf.process(rec(0, 2, 5, 1))[0].is_tombstone  # the target itself is dropped
     after = [rec(0, 1, 0), rec(0, 2, 5, 0), rec(0, 0, 0)]
     for r in after:
-        assert rf.process(r, 0) == [r]
+        assert rf.process(r) == [r]
 
 
 def test_process_many_matches_process():
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
-    rf.set_target(0, C[3].cursor)
-    out = rf.process_many([C[2], C[1], C[3], C[4], C[5], C[0]], 0)
+    rf = lane_filter(0, False, "batch_replay_filter", C[3].cursor)
+    out = rf.process_many([C[2], C[1], C[3], C[4], C[5], C[0]])
     assert [o.is_tombstone for o in out] == [True, True, True, False, False, False]
     assert out[3:] == [C[4], C[5], C[0]]
 
 
 def test_targets_are_per_lane():
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
-    rf.set_target(0, SampleCursor(0, 0, 3, 0))
+    rf0 = lane_filter(0, target=SampleCursor(0, 0, 3, 0))
+    rf1 = lane_filter(1)  # each lane has its own instance
     r1 = rec(1, 0, 0)
-    assert rf.process(r1, 1) == [r1]           # lane 1 has no target: pass-through
-    assert rf.process(rec(0, 0, 0), 0)[0].is_tombstone
-    rf.set_target(1, SampleCursor(1, 0, 1, 0))
-    assert rf.process(rec(1, 0, 1), 1)[0].is_tombstone
-    assert rf.process(rec(1, 0, 2), 1)[0].is_tombstone is False
-    assert 0 in rf.targets and 1 not in rf.targets
-    rf.set_target(0, None)
-    assert rf.targets == {}
+    assert rf1.process(r1) == [r1]           # lane 1 has no target: pass-through
+    assert rf0.process(rec(0, 0, 0))[0].is_tombstone
+    rf1.set_target(SampleCursor(1, 0, 1, 0))
+    assert rf1.process(rec(1, 0, 1))[0].is_tombstone
+    assert rf1.process(rec(1, 0, 2))[0].is_tombstone is False
+    assert rf0.target is not None and rf1.target is None
+    rf0.set_target(None)
+    assert rf0.target is None
 
 
 def test_pass_through_without_target():
-    rf = ReplayFilter("batch_replay_filter", monotone=True)
+    rf = lane_filter(0, monotone=True)
     recs = [rec(0, c, o) for c in range(3) for o in range(3)]
     for r in recs:
-        assert rf.process(r, 0) == [r]
-    assert rf.process_many(recs, 0) == recs
-    assert not any(r.is_tombstone for r in rf.process_many(recs, 0))
-    rf.check_epoch_end(0, 100)   # no target: never diverges
-    assert list(rf.finish(0)) == []
+        assert rf.process(r) == [r]
+    assert rf.process_many(recs) == recs
+    assert not any(r.is_tombstone for r in rf.process_many(recs))
+    rf.check_epoch_end(100)   # no target: never diverges
+    assert list(rf.finish()) == []
 
 
 def _assert_names(e: pytest.ExceptionInfo, lane: int, target: SampleCursor) -> None:
@@ -97,49 +105,44 @@ def _assert_names(e: pytest.ExceptionInfo, lane: int, target: SampleCursor) -> N
 
 def test_divergence_when_an_epoch_past_the_target_ends():
     target = SampleCursor(2, 3, 1, 0)
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
-    rf.set_target(2, target)
-    rf.check_epoch_end(2, 2)  # an earlier epoch ending is fine
-    rf.check_epoch_end(2, 3)  # the flush before chunk 3 does not end the target's epoch
-    rf.check_epoch_end(1, 8)  # another lane's flush is irrelevant
+    rf = lane_filter(2, False, "batch_replay_filter", target)
+    rf.check_epoch_end(2)  # an earlier epoch ending is fine
+    rf.check_epoch_end(3)  # the flush before chunk 3 does not end the target's epoch
+    lane_filter(1, target=SampleCursor(1, 0, 0, 0))  # another lane's filter is another object
     with pytest.raises(ReplayDivergence) as e:
-        rf.check_epoch_end(2, 4)
+        rf.check_epoch_end(4)
     _assert_names(e, 2, target)
 
 
 def test_no_divergence_once_target_was_seen():
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
     target = SampleCursor(0, 0, 1, 0)
-    rf.set_target(0, target)
-    rf.process(rec(0, 0, 1), 0)
-    rf.check_epoch_end(0, 10)
-    assert list(rf.finish(0)) == []
+    rf = lane_filter(0, target=target)
+    rf.process(rec(0, 0, 1))
+    rf.check_epoch_end(10)
+    assert list(rf.finish()) == []
 
 
 def test_divergence_at_the_end_of_the_stream():
     target = SampleCursor(0, 7, 0, 0)
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
-    rf.set_target(0, target)
+    rf = lane_filter(0, False, "batch_replay_filter", target)
     with pytest.raises(ReplayDivergence) as e:
-        rf.finish(0)
+        rf.finish()
     _assert_names(e, 0, target)
 
 
 def test_monotone_divergence_on_a_later_chunk_record():
     target = SampleCursor(1, 4, 2, 0)
-    rf = ReplayFilter("tokenize_replay_filter", monotone=True)
-    rf.set_target(1, target)
-    assert rf.process(rec(1, 3, 9), 1)[0].is_tombstone
-    assert rf.process(rec(1, 4, 3), 1)[0].is_tombstone  # same chunk, different offset: wait
+    rf = lane_filter(1, True, "tokenize_replay_filter", target)
+    assert rf.process(rec(1, 3, 9))[0].is_tombstone
+    assert rf.process(rec(1, 4, 3))[0].is_tombstone  # same chunk, different offset: wait
     with pytest.raises(ReplayDivergence) as e:
-        rf.process(rec(1, 5, 0), 1)
+        rf.process(rec(1, 5, 0))
     _assert_names(e, 1, target)
 
 
 def test_non_monotone_later_chunk_record_is_not_divergence():
-    rf = ReplayFilter("batch_replay_filter", monotone=False)
-    rf.set_target(0, SampleCursor(0, 4, 2, 0))
-    assert rf.process(rec(0, 5, 0), 0)[0].is_tombstone  # reordered tail: keep waiting
+    rf = lane_filter(0, False, "batch_replay_filter", SampleCursor(0, 4, 2, 0))
+    assert rf.process(rec(0, 5, 0))[0].is_tombstone  # reordered tail: keep waiting
 
 
 # -- end to end: a non-deterministic operator is caught on resume -------------------------
@@ -158,7 +161,7 @@ class RunStamped(Operator):
         _RUNS[0] += 1
         self.run_id = _RUNS[0]
 
-    def process(self, record, lane_id):
+    def process(self, record):
         c = record.cursor
         return [Record(record.payload, SampleCursor(c.lane, c.chunk_id, c.offset, self.run_id),
                        record.contributors)]

@@ -6,6 +6,7 @@ bound with an explicit OpContext and driven through process/flush/finish.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -40,17 +41,26 @@ def rec(chunk: int, offset: int, tokens: Any = None, *, child: int = 0, last: bo
 
 def bind(op: Operator, *, seed: int = 1234, names: Sequence[str] = ("prose", "code"),
          weights: Sequence[float] = (0.5, 0.5), source: Any = None,
-         upstream: tuple = (), index: int = 0) -> Operator:
+         upstream: tuple = (), index: int = 0, lane: int = 0) -> Operator:
+    """The instance of ``op`` that serves ``lane``: the template bound with an explicit
+    OpContext, then ``for_lane`` (stateless operators serve every lane themselves)."""
     op.bind(OpContext(seed=seed, index=index, component_names=tuple(names),
                       weights=tuple(weights), source=source, upstream=upstream))
-    return op
+    return op if op.traits.stateless else op.for_lane(lane)
 
 
-def feed(op: Operator, records: Iterable[Record], lane: int = 0) -> list[Record]:
+def feed(op: Operator, records: Iterable[Record]) -> list[Record]:
     out: list[Record] = []
     for r in records:
-        out.extend(op.process(r, lane))
+        out.extend(op.process(r))
     return out
+
+
+def pending(op: Operator) -> bool:
+    """Whether the instance holds records (flushing a copy of it, which changes nothing)."""
+    if op.traits.holds_across_flush:
+        return bool(op.held())
+    return bool(list(copy.deepcopy(op).flush()))
 
 
 def cursors(records: Iterable[Record]) -> list[tuple]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opkit import bind, feed, rec, run, run_all, token_source
+from opkit import bind, feed, pending, rec, run, run_all, token_source
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
 from zephon_core.errors import ConfigError
@@ -31,8 +31,8 @@ def packed(offset, segments, chunk=0):
 def test_unpacked_rows_dtypes_shapes_labels_and_mask():
     op = batcher(2, seq_len=6)
     r1, r2 = rec(0, 0, [5, 6, 7]), rec(0, 1, [1, 2, 3, 4, 9])
-    assert op.process(r1, 0) == []
-    (b,) = op.process(r2, 0)
+    assert op.process(r1) == []
+    (b,) = op.process(r2)
     out = b.payload
     assert set(out) == {"input_ids", "labels", "attention_mask"}
     for k in out:
@@ -86,48 +86,49 @@ def test_packed_rows_position_and_segment_ids():
 def test_row_longer_than_seq_len_is_a_config_error():
     op = batcher(1, seq_len=4)
     with pytest.raises(ConfigError, match="seq_len=4"):
-        op.process(rec(0, 0, 5), 0)
+        op.process(rec(0, 0, 5))
 
 
 def test_drop_last_true_stalls_across_flush_and_drops_at_finish():
     op = batcher(3, drop_last=True)
     recs = [rec(0, i, 2) for i in range(8)]
     assert feed(op, recs[:2]) == []
-    assert list(op.flush(True, 0)) == []          # the stall: nothing leaves ...
-    assert op.has_pending(0)                      # ... and the partial batch is kept
-    (b,) = op.process(recs[2], 0)                 # completes across the flush
+    assert list(op.flush()) == []          # the stall: nothing leaves ...
+    assert pending(op)                      # ... and the partial batch is kept
+    (b,) = op.process(recs[2])                 # completes across the flush
     assert [c.offset for c in b.contributors] == [0, 1, 2]
     assert feed(op, recs[3:8]) != []
-    assert op.has_pending(0)                      # recs 6, 7 wait
-    assert list(op.flush(True, 0)) == []
-    dropped = list(op.finish(0))                  # end of stream: dropped as tombstones
+    assert pending(op)                      # recs 6, 7 wait
+    assert list(op.flush()) == []
+    dropped = list(op.finish())                  # end of stream: dropped as tombstones
     assert all(t.is_tombstone for t in dropped)
     assert sorted(c.offset for t in dropped for c in t.contributors) == [6, 7]
-    assert not op.has_pending(0)
-    assert list(op.finish(0)) == []
+    assert not pending(op)
+    assert list(op.finish()) == []
 
 
 def test_drop_last_false_emits_partial_batches_at_flush_and_finish():
     op = batcher(3, drop_last=False)
     recs = [rec(0, i, 2) for i in range(6)]
     assert feed(op, recs[:2]) == []
-    (p,) = op.flush(True, 0)
+    (p,) = op.flush()
     assert p.payload["input_ids"].shape[0] == 2 and p.cursor == recs[1].cursor
-    assert not op.has_pending(0)
-    assert list(op.flush(True, 0)) == []
+    assert not pending(op)
+    assert list(op.flush()) == []
     assert feed(op, recs[2:6]) != []
-    (last,) = op.finish(0)
+    (last,) = op.finish()
     assert not last.is_tombstone and last.payload["input_ids"].shape[0] == 1
-    assert not op.has_pending(0)
+    assert not pending(op)
 
 
 def test_lanes_collate_separately():
     op = batcher(2)
-    assert op.process(rec(0, 0, 2, lane=0), 0) == []
-    assert op.process(rec(0, 0, 2, lane=1), 1) == []
-    (b,) = op.process(rec(0, 1, 2, lane=1), 1)
+    op1 = op.for_lane(1)  # each lane has its own instance
+    assert op.process(rec(0, 0, 2, lane=0)) == []
+    assert op1.process(rec(0, 0, 2, lane=1)) == []
+    (b,) = op1.process(rec(0, 1, 2, lane=1))
     assert b.cursor == (1, 0, 1, 0)
-    assert op.has_pending(0) and not op.has_pending(1)
+    assert pending(op) and not pending(op1)
 
 
 def test_generic_payloads_use_default_collate():
@@ -271,16 +272,16 @@ def test_batches_partition_the_input(bs, drop_last, data):
     recs = [rec(i // 4, i % 4, n) for i, n in enumerate(lens)]
     batches, partial_ok = [], []
     for i, r in enumerate(recs):
-        batches += op.process(r, 0)
+        batches += op.process(r)
         partial_ok += [False] * (len(batches) - len(partial_ok))
         if i in flush_after:
-            batches += op.flush(True, 0)
+            batches += op.flush()
             partial_ok += [True] * (len(batches) - len(partial_ok))
-            pending = i + 1 - sum(b.payload["input_ids"].shape[0] for b in batches)
-            assert op.has_pending(0) == (pending > 0)
-            assert pending == 0 or drop_last  # only drop_last=True stalls
-    end = list(op.finish(0))
-    assert not op.has_pending(0)
+            waiting = i + 1 - sum(b.payload["input_ids"].shape[0] for b in batches)
+            assert pending(op) == (waiting > 0)
+            assert waiting == 0 or drop_last  # only drop_last=True stalls
+    end = list(op.finish())
+    assert not pending(op)
     live = [b for b in batches if not b.is_tombstone]
     assert len(live) == len(batches)
     rows = []

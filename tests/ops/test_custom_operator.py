@@ -1,9 +1,11 @@
 """User-defined operators through pipe.then(op), and what breaking the contract does.
 
-A well-behaved buffering operator (preserves_cursor_order=False, per-lane state, a
-flush that emits everything and resets, randomness keyed by seed/lane/replayed
-cursor) passes assert_resume_equivalent. One whose RNG survives flush(reset=True)
-must be caught -- as ReplayDivergence or ResumeMismatch, never silently.
+A well-behaved buffering operator (preserves_cursor_order=False, state in its per-lane
+instance, a flush that emits everything, randomness keyed by seed/lane/replayed
+cursor) passes assert_resume_equivalent. One whose RNG survives a flush (its
+``for_lane`` shares one instance) must be caught -- as ReplayDivergence or
+ResumeMismatch, never silently -- and one whose flush keeps a record loses it, which
+the runner reports as a ContractViolation.
 """
 
 from __future__ import annotations
@@ -20,70 +22,61 @@ from zephon_core.testing import ResumeMismatch, assert_resume_equivalent, take
 
 
 class LengthSortBuffer(Operator):
-    """Holds up to ``size`` records per lane and releases the shortest (ties: cursor)."""
+    """Holds up to ``size`` records and releases the shortest (ties: cursor). Its state is
+    the instance's own: each lane gets an instance, and a fresh one after every flush."""
 
     traits = OpTraits(preserves_cursor_order=False)
 
     def __init__(self, size: int = 4, name: str = "length_sort"):
         self.size = size
         self.name = name
-        self._held: dict[int, list[Record]] = {}
+        self._held: list[Record] = []
 
     @staticmethod
     def _key(r: Record):
         return (len(r.payload["input_ids"]), tuple(r.cursor))
 
-    def process(self, record, lane_id):
-        held = self._held.setdefault(lane_id, [])
+    def process(self, record):
+        held = self._held
         held.append(record)
         if len(held) < self.size:
             return []
         held.sort(key=self._key)
         return [held.pop(0)]
 
-    def flush(self, reset, lane_id):
-        held = sorted(self._held.pop(lane_id, []), key=self._key)
+    def flush(self):
+        held, self._held = sorted(self._held, key=self._key), []
         return held
-
-    def has_pending(self, lane_id):
-        return bool(self._held.get(lane_id))
 
     def describe(self):
         return {"op": "length_sort", "name": self.name, "size": self.size}
 
 
 class SeededReservoir(Operator):
-    """A buffer shuffle keyed by (operator seed, lane, first cursor after a reset)."""
+    """A buffer shuffle keyed by (operator seed, lane, its first record's cursor)."""
 
     traits = OpTraits(preserves_cursor_order=False)
 
     def __init__(self, size: int = 5, name: str = "reservoir"):
         self.size = size
         self.name = name
-        self._lanes: dict[int, tuple[list[Record], np.random.Generator]] = {}
+        self._held: list[Record] = []
+        self._rng: np.random.Generator | None = None
 
-    def _rng(self, lane_id, record):
-        return generator(self.ctx.seed, lane_id, *record.cursor)
+    def _make_rng(self, record):
+        return generator(self.ctx.seed, self.ctx.lane, *record.cursor)
 
-    def process(self, record, lane_id):
-        st = self._lanes.get(lane_id)
-        if st is None:
-            st = self._lanes[lane_id] = ([], self._rng(lane_id, record))
-        held, rng = st
-        held.append(record)
-        if len(held) <= self.size:
+    def process(self, record):
+        if self._rng is None:
+            self._rng = self._make_rng(record)
+        self._held.append(record)
+        if len(self._held) <= self.size:
             return []
-        return [held.pop(int(rng.integers(len(held))))]
+        return [self._held.pop(int(self._rng.integers(len(self._held))))]
 
-    def flush(self, reset, lane_id):
-        st = self._lanes.pop(lane_id, None)
-        if st is None:
-            return []
-        held, rng = st
-        return [held[i] for i in rng.permutation(len(held))]
-
-    def has_pending(self, lane_id):
-        return lane_id in self._lanes and bool(self._lanes[lane_id][0])
+    def flush(self):
+        held, self._held = self._held, []
+        return [held[i] for i in self._rng.permutation(len(held))] if held else []
 
 
 class KeyedTokenDropout(Operator):
@@ -96,31 +89,32 @@ class KeyedTokenDropout(Operator):
         self.parallelism = parallelism
         self.name = name
 
-    def process(self, record, lane_id):
+    def process(self, record):
         ids = record.payload["input_ids"]
         keep = generator(self.ctx.seed, *record.cursor).random(len(ids)) >= 0.1
         return [record.with_payload({**record.payload, "input_ids": ids[keep]})]
 
 
 class StickyRngReservoir(SeededReservoir):
-    """BROKEN: the lane RNG is created once and survives flush(reset=True)."""
+    """BROKEN: ``for_lane`` hands out the template itself, so one instance (and its RNG,
+    created once) survives every flush instead of the lane getting a fresh one."""
 
     def __init__(self, size: int = 5, name: str = "sticky_reservoir"):
         super().__init__(size, name)
-        self._rngs: dict[int, np.random.Generator] = {}
 
-    def _rng(self, lane_id, record):
-        if lane_id not in self._rngs:
-            self._rngs[lane_id] = generator(self.ctx.seed, lane_id)
-        return self._rngs[lane_id]
+    def for_lane(self, lane):
+        return self
+
+    def _make_rng(self, record):
+        return generator(self.ctx.seed)
 
 
 class LeakyFlush(LengthSortBuffer):
-    """BROKEN: flush keeps the last record."""
+    """BROKEN: flush keeps the last record (and the instance is dropped after it)."""
 
-    def flush(self, reset, lane_id):
-        held = sorted(self._held.get(lane_id, []), key=self._key)
-        self._held[lane_id] = held[-1:]
+    def flush(self):
+        held = sorted(self._held, key=self._key)
+        self._held = held[-1:]
         return held[:-1]
 
 
@@ -173,11 +167,11 @@ def test_custom_operator_instance_is_not_shared_between_runs():
     pipe2 = (Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op))
     b = [p["id"] for p in run(pipe2, 30)]
     assert a == b
-    assert op._lanes == {}  # the pipeline worked on its own copy
+    assert op._held == [] and not hasattr(op, "ctx")  # the pipeline worked on its own copies
 
 
 @pytest.mark.parametrize("cut", [13, 22, 37, 50])
-@pytest.mark.parametrize(("lanes", "prefetch"), [(1, 0), (2, 2)])
+@pytest.mark.parametrize(("lanes", "prefetch"), [(1, 0), (1, 2), (2, 0)])
 def test_rng_surviving_reset_is_caught(cut, lanes, prefetch):
     fn = build(StickyRngReservoir, lanes=lanes, k=1, prefetch=prefetch)
     # uninterrupted runs are perfectly deterministic ...
@@ -188,18 +182,19 @@ def test_rng_surviving_reset_is_caught(cut, lanes, prefetch):
 
 
 class StickyRngDrop(Operator):
-    """BROKEN, order-keeping: drops half the records with a per-lane RNG that is never
-    re-keyed, so a replay starting mid-stream draws different numbers."""
+    """BROKEN, order-keeping: drops half the records with an RNG that is never re-keyed
+    (a counter over the whole run), so a replay starting mid-stream draws other numbers."""
 
     traits = OpTraits(preserves_cursor_order=True)
 
     def __init__(self, name: str = "sticky_drop"):
         self.name = name
-        self._rngs: dict[int, np.random.Generator] = {}
+        self._rng: np.random.Generator | None = None
 
-    def process(self, record, lane_id):
-        rng = self._rngs.setdefault(lane_id, generator(5, lane_id))
-        return [record.to_tombstone() if rng.random() < 0.5 else record]
+    def process(self, record):
+        if self._rng is None:
+            self._rng = generator(5, self.ctx.lane)
+        return [record.to_tombstone() if self._rng.random() < 0.5 else record]
 
 
 @pytest.mark.parametrize("cut", [7, 13, 22, 31])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opkit import bind, feed, rec, run, token_source
+from opkit import bind, feed, pending, rec, run, token_source
 
 from zephon_core import Pipeline
 from zephon_core.errors import ConfigError
@@ -38,14 +38,14 @@ def test_hand_example_deficit_rule_and_flush_order():
     recs = [rec(0, i, n, comp=c) for i, (_, c, n) in enumerate(spec)]
     name = named(recs, [s[0] for s in spec])
     op = mix(window=3)
-    steps = [name(op.process(r, 0)) for r in recs]
+    steps = [name(op.process(r)) for r in recs]
     # a, b wait; c fills the window: deficits tie at 0 -> component 0, its oldest: a.
     # then: c (c1 behind by 15), d (c1 behind by 10), f (c1 behind by 5),
     # b (only c0 present), e (tie at 0 -> c0)
     assert steps == [[], [], ["a"], ["c"], ["d"], ["f"], ["b"], ["e"]]
     # flush: emitted c0=50, c1=40 of 90 -> c1 is behind by 5: h first, then g
-    assert name(op.flush(True, 0)) == ["h", "g"]
-    assert not op.has_pending(0)
+    assert name(op.flush()) == ["h", "g"]
+    assert not pending(op)
 
 
 def test_hand_example_uneven_targets():
@@ -62,7 +62,7 @@ def test_hand_example_uneven_targets():
     # (10,20) -> r4; ... (50,20) c0 behind by 2.5 -> r8; (60,20) tie at 0 -> c0: r9;
     # (70,20) c1 behind by 2.5 -> r2 (held since the third step)
     assert out == ["r0", "r1", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "r2"]
-    assert name(op.flush(True, 0)) == ["r10"]
+    assert name(op.flush()) == ["r10"]
 
 
 def test_main_component_and_token_shares_of_merged_records():
@@ -78,15 +78,15 @@ def test_main_component_and_token_shares_of_merged_records():
     name = named([x, z, y, w, v], ["x", "z", "y", "w", "v"])
     op = mix(window=3)
     assert name(feed(op, [x, z, y])) == ["x"]  # tie at 0: c0's oldest
-    assert name(op.process(w, 0)) == ["y"]  # c1 behind: y is the only c1-main record
+    assert name(op.process(w)) == ["y"]  # c1 behind: y is the only c1-main record
     # y counted 4 tokens to c0 and 6 to c1 (not 10 to c1): c0 14, c1 6 -> c1 behind
-    assert name(op.process(v, 0)) == ["v"]
+    assert name(op.process(v)) == ["v"]
     # a tie in tokens makes the lowest component the main one
     tie = packed(5, [(1, 5), (0, 5)])
     op2 = mix(window=2)
-    op2.process(rec(0, 9, 10, comp=1), 0)
-    op2.process(tie, 0)  # window full at total 0 -> c0 wins the tie -> the tie record
-    assert [r.cursor.offset for r in op2.flush(True, 0)] == [9]
+    op2.process(rec(0, 9, 10, comp=1))
+    op2.process(tie)  # window full at total 0 -> c0 wins the tie -> the tie record
+    assert [r.cursor.offset for r in op2.flush()] == [9]
 
 
 def test_window_is_bounded_and_flush_resets():
@@ -94,17 +94,18 @@ def test_window_is_bounded_and_flush_resets():
     op = mix(window=5)
     held = 0
     for i, r in enumerate(recs):
-        out = op.process(r, 0)
+        out = op.process(r)
         held += 1 - len(out)
         assert len(out) == (0 if i < 4 else 1)
         assert held == min(i + 1, 4)
-    rest = list(op.flush(True, 0))
-    assert len(rest) == 4 and not op.has_pending(0)
-    # after the reset: identical to a fresh operator (the counts were reset too)
+    rest = list(op.flush())
+    assert len(rest) == 4 and not pending(op)
+    # the lane's instance after a flush: identical to a fresh operator (counts included)
+    op = op.for_lane(0)
     again = recs[:17]
-    a = feed(op, again) + list(op.flush(True, 0))
+    a = feed(op, again) + list(op.flush())
     fresh = mix(window=5)
-    b = feed(fresh, again) + list(fresh.flush(True, 0))
+    b = feed(fresh, again) + list(fresh.flush())
     assert [r.cursor for r in a] == [r.cursor for r in b]
     assert sorted(r.cursor for r in a) == sorted(r.cursor for r in again)
 
@@ -124,7 +125,7 @@ def test_skewed_input_gets_closer_to_target():
     # blocks of 12 records of component 0, then 12 of component 1, ... (10 tokens each)
     recs = [rec(i // 4, i % 4, 10, comp=(i // 12) % 2) for i in range(240)]
     op = mix(window=8)
-    out = feed(op, recs) + list(op.flush(True, 0))
+    out = feed(op, recs) + list(op.flush())
     assert sorted(r.cursor for r in out) == sorted(r.cursor for r in recs)
     before, _ = _mean_share_error(recs, 0.5)
     after, errs = _mean_share_error(out, 0.5)
@@ -136,7 +137,7 @@ def test_generic_payloads_count_one_token_each():
     recs = [Record({"x": i}, SampleCursor(0, 0, i, 0), [Contributor(0, i, 0, True, c, 0)])
             for i, c in enumerate([0, 0, 0, 1, 1, 1])]
     op = mix(window=3)
-    out = feed(op, recs) + list(op.flush(True, 0))
+    out = feed(op, recs) + list(op.flush())
     assert [r.payload["x"] for r in out] == [0, 3, 1, 4, 2, 5]
 
 
@@ -239,8 +240,8 @@ def test_matches_the_documented_rule(window, w0, w1, data):
     op = mix(window=window, weights=[w0, w1])
     got = []
     for i, (c, n) in enumerate(items):
-        got += [r.cursor.offset for r in op.process(rec(0, i, n, comp=c), 0)]
+        got += [r.cursor.offset for r in op.process(rec(0, i, n, comp=c))]
         if i in flush_after:
-            got += [r.cursor.offset for r in op.flush(True, 0)]
-            assert not op.has_pending(0)
+            got += [r.cursor.offset for r in op.flush()]
+            assert not pending(op)
     assert got == _model_release_order(items, targets, window, flush_after)

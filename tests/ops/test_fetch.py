@@ -28,7 +28,7 @@ def test_one_batched_read_per_dataset_and_order_kept():
     op = bind(FetchOp(), source=src)
     recs = [_pointer(0, 0, 5), _pointer(1, 1, 3), _pointer(2, 0, 7), _pointer(3, 0, 1),
             _pointer(4, 1, 16)]
-    out = op.process_many(recs, 0)
+    out = op.process_many(recs)
     assert a.calls == [[5, 7, 1]]
     assert b.calls == [[3, 16]]
     assert a.single_reads == b.single_reads == 0
@@ -40,17 +40,17 @@ def test_one_batched_read_per_dataset_and_order_kept():
 def test_single_record_and_single_component():
     src, a, b = _source()
     op = bind(FetchOp(), source=src)
-    out = op.process(_pointer(0, 1, 2), 0)
+    out = op.process(_pointer(0, 1, 2))
     assert [r.payload for r in out] == [{"v": "b2"}]
     assert b.calls == [[2]] and a.calls == []
-    op.process_many([_pointer(i, 0, i) for i in range(4)], 0)
+    op.process_many([_pointer(i, 0, i) for i in range(4)])
     assert a.calls == [[0, 1, 2, 3]]
 
 
 def test_falls_back_to_getitem_without_getitems():
     src = StaticMixtureWorkSource({"a": ["x", "y", "z"]}, chunk_size=2, seed=0)
     op = bind(FetchOp(), source=src, names=("a",), weights=(1.0,))
-    out = op.process_many([_pointer(0, 0, 2), _pointer(1, 0, 0)], 0)
+    out = op.process_many([_pointer(0, 0, 2), _pointer(1, 0, 0)])
     assert [r.payload for r in out] == ["z", "x"]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from opkit import bind, cursors, rec, run, token_source
+from opkit import bind, cursors, pending, rec, run, token_source
 
 from zephon_core import Pipeline
 from zephon_core.ops import FilterOp
@@ -16,7 +16,7 @@ def _even_len(p):
 def test_kept_records_pass_unchanged_dropped_become_tombstones():
     op = bind(FilterOp(_even_len))
     recs = [rec(0, i, i + 1, comp=i % 2) for i in range(6)]  # lengths 1..6
-    out = op.process_many(recs, 0)
+    out = op.process_many(recs)
     assert len(out) == 6  # 1:1, in order
     assert cursors(out) == cursors(recs)
     for r_in, r_out in zip(recs, out):
@@ -26,14 +26,14 @@ def test_kept_records_pass_unchanged_dropped_become_tombstones():
         else:
             assert r_out.is_tombstone
     # process() agrees with process_many()
-    single = [op.process(r, 0)[0] for r in recs]
+    single = [op.process(r)[0] for r in recs]
     assert [r.is_tombstone for r in single] == [r.is_tombstone for r in out]
 
 
 def test_tombstone_of_a_fragment_keeps_its_child_metadata():
     op = bind(FilterOp(lambda p: False))
     r = rec(4, 7, 3, child=2, last=True, comp=1)
-    (t,) = op.process(r, 0)
+    (t,) = op.process(r)
     assert t.is_tombstone and t.cursor == r.cursor
     c = t.contributors[0]
     assert (c.chunk_id, c.offset, c.child, c.is_last_child, c.component) == (4, 7, 2, True, 1)
@@ -42,7 +42,7 @@ def test_tombstone_of_a_fragment_keeps_its_child_metadata():
 def test_traits_and_no_state():
     op = bind(FilterOp(_even_len))
     assert op.traits.preserves_cursor_order and op.traits.stateless
-    assert list(op.flush(True, 0)) == [] and not op.has_pending(0)
+    assert list(op.flush()) == [] and not pending(op)
 
 
 def _keep70(p):

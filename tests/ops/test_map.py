@@ -20,7 +20,7 @@ def _double(p):
 def test_process_keeps_identity_and_provenance():
     op = bind(MapOp(_double))
     r = rec(3, 2, [1, 2, 3], child=1, last=False, comp=1)
-    (out,) = op.process(r, 0)
+    (out,) = op.process(r)
     assert out.cursor == r.cursor and out.contributors == r.contributors
     assert out.payload["input_ids"].tolist() == [2, 4, 6]
     assert r.payload["input_ids"].tolist() == [1, 2, 3]  # input left alone
@@ -30,7 +30,7 @@ def test_process_many_unbatched_calls_per_record():
     calls = []
     op = bind(MapOp(lambda p: calls.append(1) or {"input_ids": p["input_ids"] + 1}))
     recs = [rec(0, i, [i]) for i in range(5)]
-    out = op.process_many(recs, 0)
+    out = op.process_many(recs)
     assert len(calls) == 5
     assert [r.payload["input_ids"].tolist() for r in out] == [[i + 1] for i in range(5)]
     assert cursors(out) == cursors(recs)
@@ -45,13 +45,13 @@ def test_batched_gets_the_whole_microbatch_once():
 
     op = bind(MapOp(fn, batched=True))
     recs = [rec(0, i, i + 1) for i in range(6)]
-    out = op.process_many(recs, 0)
+    out = op.process_many(recs)
     assert seen == [6]
     assert [r.payload for r in out] == [{"n": i + 1} for i in range(6)]
     assert cursors(out) == cursors(recs)
     assert [r.contributors for r in out] == [r.contributors for r in recs]
     # process() on one record of a batched map calls fn with a list of one
-    (single,) = op.process(rec(1, 0, 4), 0)
+    (single,) = op.process(rec(1, 0, 4))
     assert seen[-1] == 1 and single.payload == {"n": 4}
 
 
@@ -60,7 +60,7 @@ def test_batched_not_one_to_one_is_a_contract_violation(delta):
     op = bind(MapOp(lambda ps: list(ps) + [ps[0]] if delta > 0 else list(ps)[:-1],
                     batched=True, name="tok"))
     with pytest.raises(ContractViolation, match="'tok'.*1:1"):
-        op.process_many([rec(0, i, 2) for i in range(3)], 0)
+        op.process_many([rec(0, i, 2) for i in range(3)])
 
 
 def test_batched_violation_through_pipeline_names_the_operator():

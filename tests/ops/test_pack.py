@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opkit import bind, feed, rec, run, token_source
+from opkit import bind, feed, pending, rec, run, token_source
 
 from zephon_core import Pipeline
 from zephon_core.errors import ConfigError, PipelineError
@@ -39,17 +39,17 @@ def test_first_fit_lowest_index_exactly_full_and_fullest_eviction():
     op = packer(10, 3)
     f = frags(6, 7, 5, 8, 4, 2, 2, 5, 1, 3)
     assert feed(op, f[0:3]) == []              # bins: [6] [7] [5]
-    assert groups(op.process(f[3], 0)) == [[1]]  # 8 fits nowhere: fullest (7, slot 1) out
-    assert groups(op.process(f[4], 0)) == [[0, 4]]  # 6+4: slot 0 exactly full -> emitted
+    assert groups(op.process(f[3])) == [[1]]  # 8 fits nowhere: fullest (7, slot 1) out
+    assert groups(op.process(f[4])) == [[0, 4]]  # 6+4: slot 0 exactly full -> emitted
     # slot 0 is empty again and lowest: 2 goes there although 8+2 would fill slot 1
     assert feed(op, f[5:8]) == []              # slot 0: 2+2+5 = 9
-    assert groups(op.process(f[8], 0)) == [[5, 6, 7, 8]]  # 9+1 exactly full
-    assert op.has_pending(0)
-    flushed = list(op.flush(True, 0))
+    assert groups(op.process(f[8])) == [[5, 6, 7, 8]]  # 9+1 exactly full
+    assert pending(op)
+    flushed = list(op.flush())
     assert groups(flushed) == [[3], [2]]        # slot order: slot 1 (8), slot 2 (5)
     assert [len(r.payload["input_ids"]) for r in flushed] == [8, 5]
-    assert not op.has_pending(0)
-    assert list(op.flush(True, 0)) == []
+    assert not pending(op)
+    assert list(op.flush()) == []
     # after the reset the lane behaves like a fresh packer
     fresh = packer(10, 3)
     again = frags(6, 7, 5, 8, 4, start=20)
@@ -60,27 +60,27 @@ def test_ties_go_to_the_lowest_index_among_the_fullest():
     op = packer(10, 3)
     # [4] [8] [8]; 7 fits nowhere; slots 1 and 2 tie at 8 -> slot 1 is emitted
     assert feed(op, frags(4, 8, 8)) == []
-    assert groups(op.process(rec(0, 3, 7), 0)) == [[1]]
-    assert groups(op.flush(True, 0)) == [[0], [3], [2]]
+    assert groups(op.process(rec(0, 3, 7))) == [[1]]
+    assert groups(op.flush()) == [[0], [3], [2]]
 
     op = packer(10, 3)
     # [7] [7] [5]; 6 fits nowhere; slots 0 and 1 tie at 7 -> slot 0, and 6 starts there
     assert feed(op, frags(7, 7, 5)) == []
-    assert groups(op.process(rec(0, 3, 6), 0)) == [[0]]
-    assert groups(op.process(rec(0, 4, 4), 0)) == [[3, 4]]  # 6+4 fills slot 0
-    assert groups(op.flush(True, 0)) == [[1], [2]]
+    assert groups(op.process(rec(0, 3, 6))) == [[0]]
+    assert groups(op.process(rec(0, 4, 4))) == [[3, 4]]  # 6+4 fills slot 0
+    assert groups(op.flush()) == [[1], [2]]
 
 
 def test_full_length_fragment():
     op = packer(10, 2)
-    assert groups(op.process(rec(0, 0, 10), 0)) == [[0]]  # into empty slot 0: full at once
-    assert not op.has_pending(0)
+    assert groups(op.process(rec(0, 0, 10))) == [[0]]  # into empty slot 0: full at once
+    assert not pending(op)
     assert feed(op, frags(7, 6, start=1)) == []             # [7] [6]
     # 10 fits nowhere: the fullest (slot 0) is emitted, the fragment starts slot 0
     # and is exactly full, so it is emitted right after
-    assert groups(op.process(rec(0, 3, 10), 0)) == [[1], [3]]
-    assert groups(op.process(rec(0, 4, 3), 0)) == []        # lowest empty slot: 0
-    assert groups(op.flush(True, 0)) == [[4], [2]]
+    assert groups(op.process(rec(0, 3, 10))) == [[1], [3]]
+    assert groups(op.process(rec(0, 4, 3))) == []        # lowest empty slot: 0
+    assert groups(op.flush()) == [[4], [2]]
 
 
 def test_packed_record_payload_cursor_and_contributors():
@@ -101,8 +101,8 @@ def test_packed_record_payload_cursor_and_contributors():
 
 def test_single_fragment_bin_and_dtype_kept():
     op = packer(10, 2)
-    op.process(rec(0, 0, 4), 0)
-    (out,) = op.flush(True, 0)
+    op.process(rec(0, 0, 4))
+    (out,) = op.flush()
     assert out.payload["input_ids"].dtype == np.int32
     assert out.payload["segment_lengths"].tolist() == [4]
     assert out.cursor == (0, 0, 0, 0)
@@ -111,7 +111,7 @@ def test_single_fragment_bin_and_dtype_kept():
 def test_fragment_longer_than_seq_len_names_split():
     op = packer(10, 2)
     with pytest.raises(ConfigError, match=r"split\(max_len=10\)"):
-        op.process(rec(3, 1, 11), 0)
+        op.process(rec(3, 1, 11))
 
 
 def test_pipeline_without_split_fails_naming_split():
@@ -125,25 +125,26 @@ def test_pipeline_without_split_fails_naming_split():
 
 def test_empty_fragment_becomes_a_tombstone_and_takes_no_room():
     op = packer(10, 1)
-    op.process(rec(0, 0, 6), 0)
-    (t,) = op.process(rec(0, 1, 0), 0)
+    op.process(rec(0, 0, 6))
+    (t,) = op.process(rec(0, 1, 0))
     assert t.is_tombstone and t.cursor == (0, 0, 1, 0)
-    assert groups(op.process(rec(0, 2, 4), 0)) == [[0, 2]]
+    assert groups(op.process(rec(0, 2, 4))) == [[0, 2]]
 
 
 def test_missing_tokens_is_a_config_error():
     with pytest.raises(ConfigError, match="input_ids"):
-        packer().process(rec(0, 0, payload={"text": "x"}), 0)
+        packer().process(rec(0, 0, payload={"text": "x"}))
 
 
 def test_lanes_are_independent():
-    op = packer(10, 1)
-    assert feed(op, frags(6, lane=0)) == []
-    assert feed(op, frags(6, lane=1), lane=1) == []
-    assert groups(op.process(rec(0, 1, 4, lane=1), 1)) == [[0, 1]]
-    assert op.has_pending(0) and not op.has_pending(1)
-    assert groups(op.flush(True, 1)) == []
-    assert groups(op.flush(True, 0)) == [[0]]
+    template = PackOp(10, 1)
+    op0, op1 = bind(template, lane=0), template.for_lane(1)  # one instance per lane
+    assert feed(op0, frags(6, lane=0)) == []
+    assert feed(op1, frags(6, lane=1)) == []
+    assert groups(op1.process(rec(0, 1, 4, lane=1))) == [[0, 1]]
+    assert pending(op0) and not pending(op1)
+    assert groups(op1.flush()) == []
+    assert groups(op0.flush()) == [[0]]
 
 
 @pytest.mark.parametrize("kw", [dict(seq_len=0), dict(seq_len=1.5), dict(bins=0),
@@ -186,13 +187,13 @@ def test_seed_example_packers_stay_phase_shifted_until_flushed():
     assert all(ga != gb for ga, gb in zip(later_a, later_b))
     assert len(set(map(tuple, later_a)) & set(map(tuple, later_b))) == 0
     # a flush brings both to the same clean state: from then on they are identical
-    op_a.flush(True, 0)
-    op_b.flush(True, 0)
+    op_a.flush()
+    op_b.flush()
     tail = [3, 3, 3, 4, 7, 2, 9, 1, 3, 3, 10, 5, 5] * 20
     out_a = feed(op_a, frags(*tail, chunk=2))
     out_b = feed(op_b, frags(*tail, chunk=2))
     assert groups(out_a) == groups(out_b) and out_a
-    assert groups(op_a.flush(True, 0)) == groups(op_b.flush(True, 0))
+    assert groups(op_a.flush()) == groups(op_b.flush())
 
 
 # -- through a pipeline, against an independent first-fit model ---------------------
@@ -288,14 +289,14 @@ def test_pack_matches_first_fit_model(seq_len, bins, data):
     op = packer(seq_len, bins)
     got = []
     for i, n in enumerate(sizes):
-        for r in op.process(rec(0, i, n), 0):
+        for r in op.process(rec(0, i, n)):
             if not r.is_tombstone:
                 got.append([c.offset for c in r.contributors])
         if i in flush_after:
-            got += groups(op.flush(True, 0))
-            assert not op.has_pending(0)
+            got += groups(op.flush())
+            assert not pending(op)
     assert got == _model_groups(sizes, flush_after, seq_len, bins)
-    rest = groups(op.flush(True, 0))
+    rest = groups(op.flush())
     emitted = sorted(i for g in got + rest for i in g)
     assert emitted == [i for i, n in enumerate(sizes) if n > 0]  # nothing lost or doubled
 
@@ -312,6 +313,6 @@ def test_non_integer_or_2d_token_ids_are_refused_not_truncated(tokens, words):
     op = bind(PackOp(seq_len=16))
     with pytest.raises(ContractViolation, match="'pack'") as ei:
         feed(op, [r])
-        op.flush(True, 0)  # float ids are caught when the bin is emitted, 2-D at once
+        op.flush()  # float ids are caught when the bin is emitted, 2-D at once
     for w in words:
         assert w in str(ei.value)

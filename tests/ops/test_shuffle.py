@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opkit import bind, cursors, feed, rec, run, token_source
+from opkit import bind, cursors, feed, pending, rec, run, token_source
 
 from zephon_core import Pipeline
 from zephon_core.errors import ConfigError
@@ -19,10 +19,10 @@ def stream(n, lane=0, chunk0=0, per_chunk=8):
 
 
 def shuffled(records, *, buffer_size=5, seed=77, lane=0, flush=True):
-    op = bind(ShuffleOp(buffer_size), seed=seed)
-    out = feed(op, records, lane)
+    op = bind(ShuffleOp(buffer_size), seed=seed, lane=lane)
+    out = feed(op, records)
     if flush:
-        out += list(op.flush(True, lane))
+        out += list(op.flush())
     return out, op
 
 
@@ -31,17 +31,17 @@ def test_buffer_size_is_respected():
     recs = stream(30)
     held = set()
     for i, r in enumerate(recs):
-        out = op.process(r, 0)
+        out = op.process(r)
         held.add(tuple(r.cursor))
         assert len(out) == (0 if i < 4 else 1)
         for o in out:
             assert tuple(o.cursor) in held  # only ever emits something it holds
             held.discard(tuple(o.cursor))
         assert len(held) == min(i + 1, 4)
-        assert op.has_pending(0)
-    rest = list(op.flush(True, 0))
+        assert pending(op)
+    rest = list(op.flush())
     assert {tuple(r.cursor) for r in rest} == held and len(rest) == 4
-    assert not op.has_pending(0)
+    assert not pending(op)
 
 
 def test_output_is_a_permutation_and_actually_shuffles():
@@ -49,7 +49,7 @@ def test_output_is_a_permutation_and_actually_shuffles():
     out, op = shuffled(recs)
     assert sorted(cursors(out)) == sorted(cursors(recs))
     assert cursors(out) != cursors(recs)
-    assert not op.has_pending(0)
+    assert not pending(op)
     assert all(not r.is_tombstone for r in out)
     # each record leaves intact (same object, identity and provenance)
     by_cursor = {r.cursor: r for r in recs}
@@ -78,50 +78,55 @@ def test_flush_emits_everything_in_seeded_order_and_resets():
     recs = stream(12)
     op = bind(ShuffleOp(20), seed=3)
     assert feed(op, recs) == []  # buffer larger than the input: nothing leaves early
-    first = list(op.flush(True, 0))
+    first = list(op.flush())
     assert sorted(cursors(first)) == sorted(cursors(recs))
     assert cursors(first) != cursors(recs)
-    assert not op.has_pending(0)
-    assert list(op.flush(True, 0)) == []
+    assert not pending(op)
+    assert list(op.flush()) == []
     # same seed, same lane, same records -> same flush order
     op2 = bind(ShuffleOp(20), seed=3)
     feed(op2, recs)
-    assert cursors(op2.flush(True, 0)) == cursors(first)
-    # after the reset the operator behaves exactly like a fresh one (RNG included)
-    again_a = feed(op, stream(30, chunk0=4)) + list(op.flush(True, 0))
+    assert cursors(op2.flush()) == cursors(first)
+    # after a flush the lane gets a fresh instance: exactly a new operator (RNG included)
+    op = op.for_lane(0)
+    again_a = feed(op, stream(30, chunk0=4)) + list(op.flush())
     fresh = bind(ShuffleOp(20), seed=3)
-    again_b = feed(fresh, stream(30, chunk0=4)) + list(fresh.flush(True, 0))
+    again_b = feed(fresh, stream(30, chunk0=4)) + list(fresh.flush())
     assert cursors(again_a) == cursors(again_b)
 
 
 def test_reset_after_partial_use_restores_fresh_state():
-    """A flushed shuffle fed a new epoch equals a fresh shuffle fed that epoch."""
+    """The instance a lane gets after a flush, fed a new epoch, equals a fresh shuffle fed
+    that epoch (the used instance's RNG draws do not carry over)."""
     op = bind(ShuffleOp(5), seed=9)
     feed(op, stream(23))  # consumes RNG draws
-    op.flush(True, 0)
+    op.flush()
+    op = op.for_lane(0)
     epoch = stream(40, chunk0=10)
-    a = feed(op, epoch) + list(op.flush(True, 0))
+    a = feed(op, epoch) + list(op.flush())
     fresh = bind(ShuffleOp(5), seed=9)
-    b = feed(fresh, epoch) + list(fresh.flush(True, 0))
+    b = feed(fresh, epoch) + list(fresh.flush())
     assert cursors(a) == cursors(b)
 
 
 def test_lanes_are_independent():
-    op = bind(ShuffleOp(3))
-    feed(op, stream(5, lane=0), 0)
-    feed(op, stream(2, lane=1), 1)
-    assert op.has_pending(0) and op.has_pending(1)
-    out1 = list(op.flush(True, 1))
+    template = ShuffleOp(3)
+    op, op1 = bind(template), template.for_lane(1)
+    feed(op, stream(5, lane=0))
+    feed(op1, stream(2, lane=1))
+    assert pending(op) and pending(op1)
+    out1 = list(op1.flush())
     assert {c[0] for c in cursors(out1)} == {1} and len(out1) == 2
-    assert op.has_pending(0) and not op.has_pending(1)
+    assert pending(op) and not pending(op1)
     # lane 0's order is not affected by lane 1's activity
     x = bind(ShuffleOp(3))
-    y = bind(ShuffleOp(3))
-    xa = feed(x, stream(9), 0)
-    feed(y, stream(4, lane=1), 1)
-    ya = feed(y, stream(9), 0)
+    t = ShuffleOp(3)
+    y, y1 = bind(t), t.for_lane(1)
+    xa = feed(x, stream(9))
+    feed(y1, stream(4, lane=1))
+    ya = feed(y, stream(9))
     assert cursors(xa) == cursors(ya)
-    assert cursors(x.flush(True, 0)) == cursors(y.flush(True, 0))
+    assert cursors(x.flush()) == cursors(y.flush())
 
 
 def test_buffer_of_one_keeps_order():
@@ -173,15 +178,15 @@ def test_shuffle_invariants(buffer_size, n, data):
         op = bind(ShuffleOp(buffer_size), seed=5)
         out, held = [], 0
         for i, r in enumerate(recs):
-            got = op.process(r, 0)
+            got = op.process(r)
             held += 1 - len(got)
             assert held <= buffer_size
             out += got
             if i in flush_after:
-                out += op.flush(True, 0)
+                out += op.flush()
                 held = 0
-                assert not op.has_pending(0)
-        return out + list(op.flush(True, 0))
+                assert not pending(op)
+        return out + list(op.flush())
 
     a = go()
     assert sorted(cursors(a)) == sorted(cursors(recs))

@@ -15,7 +15,7 @@ from zephon_core.records import Contributor, Record, SampleCursor
 def test_children_cursors_last_flag_and_token_counts():
     op = bind(SplitOp(4))
     r = rec(7, 3, 10, comp=1, lane=2)
-    out = op.process(r, 2)
+    out = op.process(r)
     assert cursors(out) == [(2, 7, 3, 0), (2, 7, 3, 1), (2, 7, 3, 2)]
     assert [len(c.payload["input_ids"]) for c in out] == [4, 4, 2]
     assert np.concatenate([c.payload["input_ids"] for c in out]).tolist() == \
@@ -30,7 +30,7 @@ def test_children_cursors_last_flag_and_token_counts():
 @pytest.mark.parametrize(("n", "lens"), [(8, [4, 4]), (9, [4, 4, 1]), (4, [4]), (1, [1]),
                                          (0, [0])])
 def test_boundaries(n, lens):
-    out = bind(SplitOp(4)).process(rec(0, 0, n), 0)
+    out = bind(SplitOp(4)).process(rec(0, 0, n))
     assert [len(c.payload["input_ids"]) for c in out] == lens
     assert [c.contributors[0].is_last_child for c in out] == [False] * (len(lens) - 1) + [True]
     assert [c.contributors[0].n_tokens for c in out] == lens
@@ -39,7 +39,7 @@ def test_boundaries(n, lens):
 
 def test_short_record_keeps_cursor_and_payload_and_gets_n_tokens():
     r = rec(1, 1, 3, comp=1, n_tokens=0, id="doc")
-    (out,) = bind(SplitOp(5)).process(r, 0)
+    (out,) = bind(SplitOp(5)).process(r)
     assert out.cursor == r.cursor
     assert out.payload is r.payload
     assert out.contributors == [Contributor(1, 1, 0, True, 1, 3)]
@@ -52,7 +52,7 @@ def test_arrays_of_the_same_length_are_cut_alongside_others_copied():
                "other_len": np.arange(3),
                "as_list": list(range(n)),
                "id": "d0"}
-    out = bind(SplitOp(3)).process(rec(0, 0, payload=payload, n_tokens=0), 0)
+    out = bind(SplitOp(3)).process(rec(0, 0, payload=payload, n_tokens=0))
     assert [c.payload["loss_mask"].tolist() for c in out] == [[100, 101, 102],
                                                               [103, 104, 105], [106]]
     for c in out:
@@ -68,14 +68,14 @@ def test_merged_or_already_split_records_are_rejected():
     merged = Record({"input_ids": np.arange(10, dtype=np.int32)}, SampleCursor(0, 0, 0, 0),
                     [Contributor(0, 0, 0, True, 0, 5), Contributor(0, 1, 0, True, 0, 5)])
     with pytest.raises(ConfigError, match="split"):
-        op.process(merged, 0)
+        op.process(merged)
     with pytest.raises(ConfigError, match="split"):
-        op.process(rec(0, 0, 10, child=1, last=True), 0)
+        op.process(rec(0, 0, 10, child=1, last=True))
 
 
 def test_missing_token_array_is_a_config_error():
     with pytest.raises(ConfigError, match="input_ids"):
-        bind(SplitOp(4)).process(rec(0, 0, payload={"text": "abc"}), 0)
+        bind(SplitOp(4)).process(rec(0, 0, payload={"text": "abc"}))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, None])
@@ -86,7 +86,7 @@ def test_bad_max_len(bad):
 
 def test_custom_key():
     payload = {"ids": np.arange(5, dtype=np.int64)}
-    out = bind(SplitOp(2, key="ids")).process(rec(0, 0, payload=payload), 0)
+    out = bind(SplitOp(2, key="ids")).process(rec(0, 0, payload=payload))
     assert [c.payload["ids"].tolist() for c in out] == [[0, 1], [2, 3], [4]]
 
 

@@ -13,9 +13,10 @@ import itertools
 from helpers import source
 
 from zephon_core import Pipeline
+from zephon_core.checkpoint.state import Delivery, LaneState
 from zephon_core.records import Contributor, SampleCursor
 from zephon_core.sources.chunk import WorkChunk
-from zephon_core.tracking.eviction import Delivery, LaneTracker
+from zephon_core.tracking.eviction import LaneTracker
 from zephon_core.tracking.ledger import LaneLedger
 
 LANE = 0
@@ -32,6 +33,13 @@ def contrib(cid: int, off: int, child: int = 0, last: bool = True, n: int = 5) -
 
 def cursor(cid: int, off: int, child: int = 0, lane: int = LANE) -> SampleCursor:
     return SampleCursor(lane, cid, off, child)
+
+
+def tracker(epoch_based: bool, floor: int = 0, boundaries=(), cursor=None, delivered: int = 0,
+            n_components: int = 1) -> LaneTracker:
+    return LaneTracker(epoch_based, LaneState(LANE, floor=floor, boundaries=list(boundaries),
+                                              cursor=cursor, delivered=delivered,
+                                              tokens=[0] * n_components))
 
 
 def deliver(tr: LaneTracker, cid: int, off: int, child: int = 0, last: bool = True) -> Delivery:
@@ -52,9 +60,9 @@ class Lane:
     def __init__(self, epoch_based: bool, k: int, size: int = 4):
         self.k = k
         self.size = size
-        self.tracker = LaneTracker(epoch_based, floor=0, boundaries=[], cursor=None,
+        self.tracker = tracker(epoch_based, floor=0, boundaries=[], cursor=None,
                                    delivered=0, n_components=1)
-        self.ledger = LaneLedger(LANE, [], [], {"pos": 0}, 0)
+        self.ledger = LaneLedger(LaneState(LANE, source={"pos": 0}))
         self.next_id = 0
 
     def fetch(self, n: int = 1) -> None:
@@ -73,7 +81,7 @@ class Lane:
         return d
 
     def inflight(self) -> list[int]:
-        chunks, _, _, _ = self.ledger.snapshot(self.tracker.floor)
+        chunks = self.ledger.snapshot(Delivery(self.tracker.floor, None, 0, False, ())).chunks
         return [c.chunk_id for c in chunks]
 
 
@@ -130,7 +138,7 @@ def test_timeline_chunk_stays_while_partially_delivered():
 # -- (b) chunks 5 / 6 / 7, 4 offsets each ---------------------------------------------
 
 def _chunks_5_6_7(boundaries: list[int]) -> LaneTracker:
-    tr = LaneTracker(True, floor=5, boundaries=boundaries, cursor=None, delivered=0,
+    tr = tracker(True, floor=5, boundaries=boundaries, cursor=None, delivered=0,
                      n_components=1)
     for cid in (5, 6, 7):
         tr.register(chunk(cid))
@@ -194,7 +202,7 @@ def test_epochs_evict_atomically_and_contiguously():
         lane.deliver(5, off)
     assert lane.tracker.floor == 2
     assert lane.inflight() == [2, 3, 4, 5]
-    _, bounds, _, _ = lane.ledger.snapshot(lane.tracker.floor)
+    bounds = lane.ledger.snapshot(Delivery(lane.tracker.floor, None, 0, False, ())).boundaries
     assert bounds == [4, 6]
 
 
@@ -213,7 +221,7 @@ def test_epoch_with_one_incomplete_chunk_is_kept_whole():
 # -- (d) nothing before the lane's first own boundary -----------------------------------
 
 def test_no_eviction_before_first_own_boundary_even_if_everything_closed():
-    tr = LaneTracker(True, 0, [], None, 0, 1)
+    tr = tracker(True, 0, [], None, 0, 1)
     for cid in range(3):
         tr.register(chunk(cid))
     for cid in range(3):
@@ -225,7 +233,7 @@ def test_no_eviction_before_first_own_boundary_even_if_everything_closed():
     assert sorted(tr.progress) == [0, 1, 2, 3]
 
     # Another lane's boundary says nothing about this lane.
-    other = LaneTracker(True, 0, [], None, 0, 1)
+    other = tracker(True, 0, [], None, 0, 1)
     other.add_boundary(3)
     deliver(tr, 3, 1)
     assert tr.floor == 0
@@ -273,11 +281,12 @@ def test_cursor_chunk_is_always_inflight():
 # -- (f) the trailing boundary ----------------------------------------------------------
 
 def test_trailing_boundary_is_in_the_ledger_snapshot():
-    ledger = LaneLedger(LANE, [], [], {"pos": 0}, 0)
+    ledger = LaneLedger(LaneState(LANE, source={"pos": 0}))
     for cid in range(4):
         ledger.register(chunk(cid), {"pos": cid + 1}, boundary_after=(cid + 1) % 2 == 0)
     ledger.trim(2)
-    chunks, bounds, state, next_id = ledger.snapshot(2)
+    st = ledger.snapshot(Delivery(2, None, 0, False, ()))
+    chunks, bounds, state, next_id = st.chunks, st.boundaries, st.source, st.next_chunk
     assert [c.chunk_id for c in chunks] == [2, 3]
     assert next_id == 4
     assert bounds == [4], "the boundary just past the last inflight chunk must be kept"
@@ -366,7 +375,7 @@ def test_monotone_watermark_evicts_everything_below_the_delivered_chunk():
 
 
 def test_monotone_ignores_boundaries_and_completion():
-    tr = LaneTracker(False, 0, [2, 4], None, 0, 1)
+    tr = tracker(False, 0, [2, 4], None, 0, 1)
     d = deliver(tr, 3, 0)
     assert d.floor == 3
 
@@ -374,7 +383,7 @@ def test_monotone_ignores_boundaries_and_completion():
 # -- (h) tombstones close offsets -------------------------------------------------------
 
 def test_tombstones_close_offsets_and_allow_eviction():
-    tr = LaneTracker(True, 0, [1], None, 0, 1)
+    tr = tracker(True, 0, [1], None, 0, 1)
     tr.register(chunk(0, size=3))
     tr.register(chunk(1, size=3))
     deliver(tr, 0, 0)
@@ -389,7 +398,7 @@ def test_tombstones_close_offsets_and_allow_eviction():
 
 
 def test_tombstone_of_the_last_child_standing_closes_a_split_offset():
-    tr = LaneTracker(True, 0, [1], None, 0, 1)
+    tr = tracker(True, 0, [1], None, 0, 1)
     tr.register(chunk(0, size=1))
     tr.register(chunk(1, size=1))
     tr.deliver([contrib(0, 0, 0, False)], cursor(0, 0, 0))
@@ -402,7 +411,7 @@ def test_tombstone_of_the_last_child_standing_closes_a_split_offset():
 
 
 def test_delivery_state_fields():
-    tr = LaneTracker(True, 0, [], None, 7, 2)
+    tr = tracker(True, 0, [], None, 7, 2)
     tr.register(chunk(0))
     d = tr.deliver([Contributor(0, 0, 0, True, 1, 10), Contributor(0, 1, 0, True, 0, 3)],
                    cursor(0, 0))

@@ -19,19 +19,26 @@ without the content checks.
 
 ``to_dict()`` and ``from_dict()`` copy every container, so a state handed out never
 shares anything with a running pipeline, and editing it changes nothing else.
+
+A lane's state has one shape, :class:`LaneState`, and changes by two events:
+:class:`Delivery` (what one delivered output changed: progress, cursor, counters) and
+:class:`LaneDelta` (a delivery plus the chunks, boundaries and source state registered
+since the last delta, for a consumer in another process). ``LaneState.advance`` and
+``LaneState.apply`` apply them.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..engine.lanes import turns_of_lane
-from ..errors import CorruptCheckpoint, IncompatibleCheckpoint
+from ..errors import ContractViolation, CorruptCheckpoint, IncompatibleCheckpoint
 from ..records import SampleCursor
 from ..sources.chunk import WorkChunk
+from .value_digest import Deferred, resolve
 
 FORMAT = "zephon.pipeline_state"
 VERSION = 2
@@ -45,8 +52,38 @@ _TOP_KEYS = _TOP_KEYS_V1 | {"content"}
 log = logging.getLogger(__name__)
 
 
+def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
+    """How many of the global positions 0..position-1 belong to ``lane`` (g mod C)."""
+    return max(0, (position - lane + num_lanes - 1) // num_lanes)
+
+
+class Delivery(NamedTuple):
+    """What one delivered output changed in its lane's state."""
+
+    floor: int                      # lowest chunk id still inflight
+    cursor: SampleCursor | None     # replay cursor: identity of the last delivered record
+    delivered: int                  # outputs delivered on this lane
+    exhausted: bool                 # the lane's stream ended
+    tokens: tuple[int, ...]         # cumulative delivered tokens per component
+    digest: int | Deferred | None = None  # values of the record behind the last output
+
+
+@dataclass(frozen=True)
+class LaneDelta:
+    """A delivery plus what a consumer in another process has not seen yet."""
+
+    lane: int
+    delivery: Delivery
+    new_chunks: tuple[WorkChunk, ...]
+    boundaries: tuple[int, ...]
+    source: dict[str, Any]
+    next_chunk: int
+
+
 @dataclass
 class LaneState:
+    """Everything a checkpoint holds for one lane (see the module docstring)."""
+
     lane: int
     floor: int = 0
     next_chunk: int = 0
@@ -58,6 +95,48 @@ class LaneState:
     exhausted: bool = False
     tokens: list[int] = field(default_factory=list)
     digest: int | None = None
+
+    def copy(self) -> LaneState:
+        """A copy whose lists can change independently (the source state never changes)."""
+        return dataclasses.replace(self, chunks=list(self.chunks),
+                                   boundaries=list(self.boundaries), tokens=list(self.tokens))
+
+    def progress(self) -> Delivery:
+        """The delivered part of this state, as the event that would produce it."""
+        return Delivery(self.floor, self.cursor, self.delivered, self.exhausted,
+                        tuple(self.tokens), self.digest)
+
+    def advance(self, d: Delivery) -> None:
+        """Adopt one delivered output's progress; chunks below its floor leave."""
+        self.floor, self.cursor, self.delivered = d.floor, d.cursor, d.delivered
+        self.exhausted, self.tokens, self.digest = d.exhausted, list(d.tokens), resolve(d.digest)
+        cut = 0
+        while cut < len(self.chunks) and self.chunks[cut].chunk_id < d.floor:
+            cut += 1
+        if cut:
+            del self.chunks[:cut]
+
+    def apply(self, delta: LaneDelta) -> None:
+        """Mirror a delta from another process: its new chunks, then its delivery.
+
+        One output can complete several chunks or epochs, and a delta omits chunks
+        below the new floor that were never sent, so the first new chunk follows
+        either the chunks held or the floor.
+        """
+        d = delta.delivery
+        self.advance(d)
+        expected = self.chunks[-1].chunk_id + 1 if self.chunks else d.floor
+        for c in delta.new_chunks:
+            if c.chunk_id < expected:
+                continue  # held already, or below the floor
+            if c.chunk_id != expected:
+                raise ContractViolation(f"lane {self.lane}: delta chunk {c.chunk_id} does not "
+                                        f"follow chunk {expected - 1} (floor {d.floor})")
+            self.chunks.append(c)
+            expected += 1
+        self.boundaries = list(delta.boundaries)
+        self.source = delta.source
+        self.next_chunk = delta.next_chunk
 
     def to_dict(self) -> dict[str, Any]:
         return {"lane": self.lane, "floor": self.floor, "next_chunk": self.next_chunk,

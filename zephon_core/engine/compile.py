@@ -7,13 +7,17 @@
 * operators are grouped into stages: runs of stateless order-keeping
   operators with parallelism > 1 form a ``threads`` stage working on
   microbatches, or a ``processes`` stage when they ask for
-  ``runner="processes"``; everything else runs ``inline``, item by item.
+  ``runner="processes"``; everything else runs ``inline``, item by item;
+* which operator is the batch (and the replay filter) is decided here, once.
+
+The plan holds bound operator *templates*. A run never feeds them: each lane takes
+its own instances (``Operator.for_lane``), so a plan is immutable and can serve any
+number of runs, iterators and DataLoader workers.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass
@@ -27,7 +31,6 @@ from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
 from .processes import check_shippable
-from .stats import OpStats
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ DEFAULT_K = 4
 class Stage:
     runner: str              # "threads" | "processes" | "inline"
     ops: tuple[Operator, ...]
+    indices: tuple[int, ...]  # the operators' positions in Plan.ops
 
     @property
     def parallel(self) -> bool:
@@ -50,17 +54,13 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """The compiled plan of a pipeline description.
-
-    ``ops``/``stages`` are bound operator instances used to describe the plan; a run
-    never uses them: :meth:`instantiate` gives every run operators of its own, so no
-    operator state can leak from one run (or DataLoader iterator) into the next.
-    """
+    """The compiled plan of a pipeline description (see the module docstring)."""
 
     source: Any
-    ops: tuple[Operator, ...]
+    ops: tuple[Operator, ...]          # bound templates, the replay filter included
     stages: tuple[Stage, ...]
-    replay_filter: ReplayFilter | None
+    replay_index: int | None           # position of the replay filter in ops
+    batch_index: int | None            # position of the batch operator in ops
     epoch_based: bool
     k: int
     num_lanes: int
@@ -72,14 +72,6 @@ class Plan:
     config: dict[str, Any]
     content: dict[str, dict[str, str]]
     fingerprint: str
-    user_ops: tuple[Operator, ...]
-
-    def instantiate(self) -> Plan:
-        """The same plan with freshly constructed, bound operators (one set per run)."""
-        ops, replay_filter = _build_ops(self.source, list(self.user_ops), self.seed,
-                                        self.checkpointing, not self.epoch_based)
-        return dataclasses.replace(self, ops=tuple(ops), stages=_stages(ops),
-                                   replay_filter=replay_filter)
 
     def explain(self) -> str:
         lines = []
@@ -95,7 +87,7 @@ class Plan:
 
 
 def _fresh(op: Operator) -> Operator:
-    """A private copy of ``op`` for one run; bind() gives built-ins fresh lane state."""
+    """The plan's own copy of a user's operator (binding must not touch the user's)."""
     if type(op).__module__.startswith("zephon_core."):
         return copy.copy(op)
     try:
@@ -158,30 +150,9 @@ def resolve_k(k: int | None, monotone: bool) -> int:
     return k
 
 
-def _build_ops(source: Any, user_ops: list[Operator], seed: int, checkpointing: bool,
-               monotone: bool) -> tuple[list[Operator], ReplayFilter | None]:
-    """Private copies of the user's operators plus the replay filter, all bound."""
-    ops = [_fresh(op) for op in user_ops]
-    replay_filter = None
-    if checkpointing:
-        batch_at = next((i for i, op in enumerate(ops) if isinstance(op, BatchOp)), None)
-        at = batch_at if batch_at is not None else len(ops)
-        neighbour = ops[batch_at].name if batch_at is not None else (
-            ops[-1].name if ops else "source")
-        replay_filter = ReplayFilter(f"{neighbour}_replay_filter", monotone=monotone)
-        ops.insert(at, replay_filter)
-    for i, op in enumerate(ops):
-        op.stats = OpStats()
-        op.bind(OpContext(seed=derive_seed(seed, "op", i, op.name), index=i,
-                          component_names=tuple(source.component_names),
-                          weights=tuple(source.weights), source=source,
-                          upstream=tuple(ops[:i])))
-    return ops, replay_filter
-
-
 def _stages(ops: list[Operator]) -> tuple[Stage, ...]:
     stages: list[Stage] = []
-    for op in ops:
+    for i, op in enumerate(ops):
         if getattr(op, "runner", "threads") == "processes":  # validated as stateless
             runner = "processes"
         elif op.traits.stateless and op.traits.preserves_cursor_order and op.parallelism > 1:
@@ -189,9 +160,10 @@ def _stages(ops: list[Operator]) -> tuple[Stage, ...]:
         else:
             runner = "inline"
         if stages and stages[-1].runner == runner:
-            stages[-1] = Stage(runner, stages[-1].ops + (op,))
+            last = stages[-1]
+            stages[-1] = Stage(runner, last.ops + (op,), last.indices + (i,))
         else:
-            stages.append(Stage(runner, (op,)))
+            stages.append(Stage(runner, (op,), (i,)))
     return tuple(stages)
 
 
@@ -201,8 +173,23 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
     _validate_ops(ops)
     monotone = all(op.traits.preserves_cursor_order for op in ops)
     k = resolve_k(k, monotone)
-    bound, replay_filter = _build_ops(source, ops, seed, checkpointing, monotone)
-    for op in bound:
+    ops = [_fresh(op) for op in ops]  # the user's objects stay unbound
+    batch_index = next((i for i, op in enumerate(ops) if isinstance(op, BatchOp)), None)
+    user_ops = list(ops)
+    replay_index = None
+    if checkpointing:
+        at = batch_index if batch_index is not None else len(ops)
+        neighbour = ops[batch_index].name if batch_index is not None else (
+            ops[-1].name if ops else "source")
+        ops.insert(at, ReplayFilter(f"{neighbour}_replay_filter", monotone=monotone))
+        replay_index = at
+        if batch_index is not None:
+            batch_index += 1
+    for i, op in enumerate(ops):
+        op.bind(OpContext(seed=derive_seed(seed, "op", i, op.name), index=i,
+                          component_names=tuple(source.component_names),
+                          weights=tuple(source.weights), source=source,
+                          upstream=tuple(ops[:i])))
         if getattr(op, "runner", "threads") == "processes":
             check_shippable(op)  # bound: exactly what the workers will receive
     config = {
@@ -210,12 +197,12 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
         "flush_every_k_chunks": k,
         "seed": seed,
         "source": source.describe(),
-        "ops": [op.describe() for op in bound if op is not replay_filter],
+        "ops": [op.describe() for op in user_ops],
     }
-    return Plan(source=source, ops=tuple(bound), stages=_stages(bound),
-                replay_filter=replay_filter, epoch_based=not monotone, k=k,
-                num_lanes=num_lanes, seed=seed, prefetch=prefetch, queue_size=queue_size,
-                checkpointing=checkpointing, stall_timeout_s=stall_timeout_s, config=config,
-                content=content_fingerprints(source, [op for op in bound
-                                                      if op is not replay_filter]),
-                fingerprint=fingerprint(config), user_ops=tuple(ops))
+    return Plan(source=source, ops=tuple(ops), stages=_stages(ops),
+                replay_index=replay_index, batch_index=batch_index,
+                epoch_based=not monotone, k=k, num_lanes=num_lanes, seed=seed,
+                prefetch=prefetch, queue_size=queue_size, checkpointing=checkpointing,
+                stall_timeout_s=stall_timeout_s, config=config,
+                content=content_fingerprints(source, user_ops),
+                fingerprint=fingerprint(config))

@@ -128,7 +128,7 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
     def __init__(self, pipeline: Pipeline, restore: PipelineState | None):
         topo = pipeline.topology()
         self._init_handle(pipeline, topo)
-        plan = pipeline.compile().instantiate()
+        plan = pipeline.compile()
         self._run = PipelineRun(plan, restore, Topology(topo.rank, topo.world_size,
                                                         topo.dp_rank, topo.dp_size))
         self._agree = step_agreement(topo, is_finite(plan.source))

@@ -1,6 +1,6 @@
 """One lane's stream: source -> stages -> outputs, each carrying its lane state.
 
-The engine source stream works in two phases (see the seed page):
+The engine source stream works in two phases (``docs/design.md``, "Replay"):
 
 1. restored inflight chunks are yielded first, by chunk id, with flush
    sentinels re-injected at the stored boundaries;
@@ -12,6 +12,12 @@ follows a chunk. A boundary is recorded when the chunk before it is pulled
 from the source (atomically with the chunk and the source state), so a
 checkpoint always knows about the sentinel that follows its last chunk (the
 trailing boundary).
+
+The lane owns one instance of every stateful operator (``Operator.for_lane``); a
+flush drains them in order and replaces each with a fresh instance, except those
+whose traits say ``holds_across_flush``. After the flush every offset of the epoch
+must have been delivered or tombstoned, or be held by such an operator: anything
+else was lost by a flush that did not emit everything (``ContractViolation``).
 
 Events flowing between stages are ``(RECS, [Record, ...])``, ``(FLUSH,
 boundary)`` and ``(END, None)``.
@@ -27,17 +33,17 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from time import perf_counter
 from typing import Any, NamedTuple
 
-from ..checkpoint.state import LaneState
+from ..checkpoint.state import Delivery, LaneState
 from ..checkpoint.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
-from ..ops.base import Operator
-from ..ops.batch import BatchOp
 from ..records import TOMBSTONE, Contributor, Record, SampleCursor
 from ..sources.chunk import WorkChunk
-from ..tracking.eviction import Delivery, LaneTracker
+from ..tracking.eviction import LaneTracker
 from ..tracking.ledger import LaneLedger
 from .compile import Plan, Stage
 from .processes import StagePool
+from .run_ops import call_failed, run_ops
+from .stats import OpStats
 from .watchdog import Activity, stalled
 
 RECS, FLUSH, END = 0, 1, 2
@@ -57,106 +63,42 @@ def pointer_records(chunk: WorkChunk) -> list[Record]:
             for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))]
 
 
-def _call_failed(op: Operator, lane: int, record: Record | None, e: Exception) -> PipelineError:
-    where = f" at cursor {tuple(record.cursor)}" if record is not None else ""
-    return PipelineError(f"operator {op.name!r} failed on lane {lane}{where}: "
-                         f"{type(e).__name__}: {e}", operator=op.name,
-                         cursor=record.cursor if record is not None else None)
-
-
-def _failing_record(op: Operator, records: list[Record], lane: int) -> Record | None:
-    """Which record made a stateless operator fail (re-running it is side-effect free)."""
-    if len(records) == 1 or not op.traits.stateless or getattr(op, "batched", False):
-        # a stateful operator cannot be re-run to find the culprit
-        return records[0] if records else None
-    for r in records:
-        try:
-            op.process(r, lane)
-        except Exception:  # noqa: BLE001
-            return r
-    return None
-
-
-def run_ops(ops: tuple[Operator, ...], records: list[Record], lane: int,
-            tombs: list[Record]) -> list[Record]:
-    """Push a microbatch through ``ops`` layer by layer; tombstones skip to ``tombs``.
-
-    Layer-by-layer equals item-by-item because each operator's output depends
-    only on the sequence of its own inputs.
-    """
-    for op in ops:
-        if not records:
-            return records
-        live = [r for r in records if r.payload is not TOMBSTONE]
-        if len(live) != len(records):
-            tombs.extend(r for r in records if r.payload is TOMBSTONE)
-        t0 = perf_counter()
-        if op.traits.stateless or type(op).process_many is not Operator.process_many:
-            try:
-                records = op.process_many(live, lane)
-            except ZephonError:  # already typed and located
-                raise
-            except Exception as e:  # noqa: BLE001 - re-raised with where it came from
-                raise _call_failed(op, lane, _failing_record(op, live, lane), e) from e
-        else:
-            records = []
-            r = None
-            try:
-                for r in live:
-                    records.extend(op.process(r, lane))
-            except ZephonError:  # already typed and located
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise _call_failed(op, lane, r, e) from e
-        st = op.stats
-        st.seconds += perf_counter() - t0
-        st.records_in += len(live)
-        st.records_out += len(records)
-    return records
-
-
 class LaneStream:
     """The producer side of one lane. ``outputs`` is a generator of :class:`Output`."""
 
     def __init__(self, plan: Plan, lane: int, restored: LaneState | None,
-                 pool: Executor | None, procs: StagePool | None = None):
+                 pool: Executor | None, procs: StagePool | None, stats: list[OpStats]):
         self.plan = plan
         self.lane = lane
         self.pool = pool
         self.procs = procs  # None: processes stages run on the thread pool
+        self.stats = stats  # the run's counters, one per operator of the plan
         self.source = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
         n_comp = len(plan.source.component_names)
         if restored is not None:
             self.source.load_state_dict(copy.deepcopy(restored.source))
-            self.replay = deque(restored.chunks)
-            self.chunks_replayed = len(restored.chunks)
-            floor, next_id = restored.floor, restored.next_chunk
-            boundaries, cursor = restored.boundaries, restored.cursor
-            delivered, exhausted = restored.delivered, restored.exhausted
-            tokens = list(restored.tokens) + [0] * (n_comp - len(restored.tokens))
-            source_state, digest = copy.deepcopy(restored.source), restored.digest
+            state = restored.copy()
+            state.tokens += [0] * (n_comp - len(state.tokens))
         else:
-            self.replay = deque()
-            self.chunks_replayed = 0
-            floor = next_id = delivered = 0
-            boundaries, cursor, exhausted, tokens = [], None, False, [0] * n_comp
-            source_state = self._source_state() if plan.checkpointing else {}
-            digest = None
-        self.next_id = next_id
-        self.tracker = LaneTracker(plan.epoch_based, floor, boundaries, cursor, delivered,
-                                   n_comp)
-        self.tracker.tokens = tokens
-        self.ledger = LaneLedger(lane, list(self.replay), boundaries, source_state, next_id)
-        self.initial = Delivery(floor, cursor, delivered, exhausted, tuple(tokens), digest)
-        if plan.replay_filter is not None:
-            plan.replay_filter.set_target(lane, cursor, digest)
+            source = copy.deepcopy(self.source.state_dict()) if plan.checkpointing else {}
+            state = LaneState(lane=lane, source=source, tokens=[0] * n_comp)
+        self.replay = deque(state.chunks)
+        self.chunks_replayed = len(state.chunks)
+        self.next_id = state.next_chunk
+        self.tracker = LaneTracker(plan.epoch_based, state)
+        self.ledger = LaneLedger(state)
+        self.initial = state.progress()
+        # the lane's operators: its own instance of each stateful one, templates otherwise
+        self.ops = [op if op.traits.stateless else op.for_lane(lane) for op in plan.ops]
+        if plan.replay_index is not None:
+            self.ops[plan.replay_index].set_target(state.cursor, state.digest)
         # without batch the replay filter sits at the tail: an output is the record it
         # will look for, so its digest is taken here (batch records carry their own)
-        self._digest_outputs = (plan.replay_filter is not None
-                                and plan.ops[-1] is plan.replay_filter)
+        self._digest_outputs = (plan.replay_index is not None
+                                and plan.replay_index == len(plan.ops) - 1)
         self.activity = Activity()
         self.clock = perf_counter()  # when the lane last produced (or was asked for) output
-        self.outputs: Iterator[Output] = self._outputs(exhausted)
+        self.outputs: Iterator[Output] = self._outputs(state.exhausted)
 
     def _source_state(self) -> dict:
         return copy.deepcopy(self.source.state_dict())
@@ -204,22 +146,24 @@ class LaneStream:
                 yield FLUSH, chunk.chunk_id + 1
 
     def _busy_without_output(self, timeout: float) -> PipelineError:
-        counts = ", ".join(f"{op.name}: {op.stats.records_in} in / {op.stats.records_out} out"
-                           for op in self.plan.ops)
+        counts = ", ".join(f"{op.name}: {st.records_in} in / {st.records_out} out"
+                           for op, st in zip(self.plan.ops, self.stats))
         return stalled(f"lane {self.lane} pulled chunks up to {self.next_id - 1} without "
                        f"producing an output (an operator drops or holds every record? "
                        f"records per operator, all lanes: {counts})", timeout)
 
     # -- stages ----------------------------------------------------------------
     def _parallel_stage(self, index: int, stage: Stage, events: Iterator) -> Iterator:
-        """Order-preserving parallel map over microbatches, ``queue_size`` ahead."""
+        """Order-preserving parallel map over microbatches, ``queue_size`` ahead.
+        Its operators are stateless: the plan's templates serve every lane."""
         lane, ops, pool, procs = self.lane, stage.ops, self.pool, self.procs
+        stats = [self.stats[i] for i in stage.indices]
         label = _stage_label(index, stage)
         activity = self.activity
 
         def job(recs: list[Record]) -> tuple[list[Record], list[Record]]:
             tombs: list[Record] = []
-            out = run_ops(ops, recs, lane, tombs)
+            out = run_ops(ops, recs, lane, tombs, stats)
             return out, tombs
 
         if stage.runner == "processes" and procs is not None:
@@ -227,7 +171,7 @@ class LaneStream:
                 return procs.submit(index, lane, recs)
 
             def result(fut: Future, timeout: float | None) -> tuple[list[Record], list[Record]]:
-                return procs.collect(index, fut, timeout)
+                return procs.collect(index, fut, stats, timeout)
         else:
             def submit(recs: list[Record]) -> Future:
                 return pool.submit(job, recs)
@@ -267,44 +211,61 @@ class LaneStream:
                 yield kind, x
 
     def _inline_stage(self, index: int, stage: Stage, events: Iterator) -> Iterator:
-        lane, ops = self.lane, stage.ops
-        rf = self.plan.replay_filter
+        lane, indices, lane_ops = self.lane, stage.indices, self.ops
+        stats = [self.stats[i] for i in indices]
+        rf = self.plan.replay_index
         label = _stage_label(index, stage)
         activity = self.activity
         for kind, x in events:
             tombs: list[Record] = []
             if kind == RECS:
                 activity.set(label, x[0].cursor if x else None)
-                out = run_ops(ops, x, lane, tombs)
+                out = run_ops([lane_ops[i] for i in indices], x, lane, tombs, stats)
             else:
-                out = self._drain(ops, tombs, final=(kind == END))
-                if kind == FLUSH and rf is not None and rf in ops:
-                    rf.check_epoch_end(lane, x)
+                out = self._drain(indices, tombs, final=(kind == END))
+                if kind == FLUSH and rf in indices:
+                    lane_ops[rf].check_epoch_end(x)
             if out or tombs:
                 yield RECS, out + tombs if tombs else out
             if kind != RECS:
                 yield kind, x
 
-    def _drain(self, ops: tuple[Operator, ...], tombs: list[Record], final: bool) -> list[Record]:
-        """Flush (or finish) each operator in order, feeding what it emits downstream."""
-        lane = self.lane
+    def _drain(self, indices: tuple[int, ...], tombs: list[Record], final: bool) -> list[Record]:
+        """Flush (or finish) each operator in order, feeding what it emits downstream; a
+        flushed operator's instance is replaced by a fresh one."""
+        lane, lane_ops, templates = self.lane, self.ops, self.plan.ops
         carry: list[Record] = []
-        for op in ops:
-            carry = run_ops((op,), carry, lane, tombs)
+        for i in indices:
+            op = lane_ops[i]
+            carry = run_ops((op,), carry, lane, tombs, (self.stats[i],))
             try:
-                emitted = list(op.finish(lane) if final else op.flush(True, lane))
+                emitted = list(op.finish() if final else op.flush())
             except ZephonError:  # already typed and located
                 raise
             except Exception as e:  # noqa: BLE001
-                raise _call_failed(op, lane, None, e) from e
-            op.stats.records_out += len(emitted)
+                raise call_failed(op, lane, None, e) from e
+            self.stats[i].records_out += len(emitted)
             carry.extend(emitted)
-            if not final and op.has_pending(lane) and not isinstance(op, BatchOp):
-                raise ContractViolation(
-                    f"operator {op.name!r} still holds data for lane {lane} after "
-                    "flush(reset=True); flush must emit everything and reset the lane "
-                    "(only batch(drop_last=True) may stall)")
+            if not final and not op.traits.stateless and not op.traits.holds_across_flush:
+                lane_ops[i] = templates[i].for_lane(lane)
         return carry
+
+    def _check_flushed(self, boundary: int) -> None:
+        """Every offset of the chunks before ``boundary`` was delivered or tombstoned,
+        unless an operator that holds records across flushes still holds it."""
+        missing = self.tracker.open_offsets(boundary)
+        if not missing:
+            return
+        held = {(c.chunk_id, c.offset) for op in self.ops if op.traits.holds_across_flush
+                for r in op.held() for c in r.contributors}
+        lost = [m for m in missing if m not in held]
+        if lost:
+            stateful = [op.name for op in self.ops if not op.traits.stateless]
+            raise ContractViolation(
+                f"after the flush before chunk {boundary}, lane {self.lane} lost offsets "
+                f"{lost[:8]} (chunk, offset): neither delivered nor tombstoned. An "
+                f"operator's flush() did not emit everything it held (stateful operators: "
+                f"{stateful}); flush must emit every record the instance holds")
 
     # -- outputs ---------------------------------------------------------------
     def _outputs(self, exhausted: bool) -> Iterator[Output]:
@@ -316,6 +277,7 @@ class LaneStream:
             events = (self._parallel_stage(i, stage, events) if stage.parallel
                       else self._inline_stage(i, stage, events))
         tracker, track = self.tracker, self.plan.checkpointing
+        check = track and self.plan.epoch_based
         digest_outputs = self._digest_outputs
         for kind, x in events:
             if kind == RECS:
@@ -331,7 +293,12 @@ class LaneStream:
                     else:
                         yield Output(r.payload, None)
                         self.clock = perf_counter()
-            elif kind == END:
+            elif kind == FLUSH:
+                if check:
+                    self._check_flushed(x)
+            else:
+                if check:
+                    self._check_flushed(self.next_id)
                 yield Output(END_OF_LANE, tracker.finish(self.next_id) if track else None)
                 return
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PipelineError, ZephonError
 from ..records import Record
+from .run_ops import run_ops
 from .stats import OpStats
 
 if TYPE_CHECKING:
@@ -41,16 +42,12 @@ def _install(stages: dict[int, tuple[Operator, ...]]) -> None:
 
 
 def _run_job(stage: int, lane: int, records: list[Record]
-             ) -> tuple[list[Record], list[Record], list[tuple[int, int, float]]]:
-    from .lane_stream import run_ops
-
+             ) -> tuple[list[Record], list[Record], list[OpStats]]:
     ops = _STAGES[stage]
-    for op in ops:
-        op.stats = OpStats()  # report this job's counts only
+    stats = [OpStats() for _ in ops]  # this job's counts, added to the run's by collect()
     tombs: list[Record] = []
-    out = run_ops(ops, records, lane, tombs)
-    return out, tombs, [(op.stats.records_in, op.stats.records_out, op.stats.seconds)
-                        for op in ops]
+    out = run_ops(ops, records, lane, tombs, stats)
+    return out, tombs, stats
 
 
 def shippable(op: Operator) -> Operator:
@@ -148,20 +145,18 @@ class StagePool:
             self._workers.update(self._pool._processes)
         return fut
 
-    def collect(self, stage: int, future: Future, timeout: float | None = None
-                ) -> tuple[list[Record], list[Record]]:
-        """The job's (outputs, tombstones); its counts are added to this process's stats."""
+    def collect(self, stage: int, future: Future, stats: list[OpStats],
+                timeout: float | None = None) -> tuple[list[Record], list[Record]]:
+        """The job's (outputs, tombstones); its counts are added to ``stats`` (the run's
+        counters of the stage's operators)."""
         try:
             out, tombs, counts = future.result(timeout)
         except (ZephonError, FutureTimeout):  # typed in the worker / the caller's watchdog
             raise
         except Exception as e:  # noqa: BLE001 - the pool's own failures, named here
             raise self._failed(stage, e) from e
-        for op, (n_in, n_out, seconds) in zip(self.ops[stage], counts):
-            st = op.stats
-            st.records_in += n_in
-            st.records_out += n_out
-            st.seconds += seconds
+        for st, job in zip(stats, counts):
+            st.add(job)
         return out, tombs
 
     def close(self) -> None:

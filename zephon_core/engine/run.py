@@ -21,17 +21,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..checkpoint.state import LaneState, PipelineState
-from ..checkpoint.value_digest import Deferred, resolve
+from ..checkpoint.state import Delivery, LaneDelta, LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
-from ..ops.batch import BatchOp
-from ..tracking.eviction import Delivery
-from ..tracking.mirror import LaneDelta
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
 from .processes import StagePool, can_start_processes
 from .pump import Pump
+from .stats import OpStats
 
 
 class Skip:
@@ -69,9 +66,10 @@ class PipelineRun:
         threaded = ("threads",) if self.procs is not None else ("threads", "processes")
         cap = max((st.cap for st in plan.stages if st.runner in threaded), default=0)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-stage") if cap else None
+        self.op_stats = [OpStats() for _ in plan.ops]  # shared by this run's lanes
         self.streams = {lane: LaneStream(plan, lane,
                                          restored.lanes[lane] if restored else None, self.pool,
-                                         self.procs)
+                                         self.procs, self.op_stats)
                         for lane in self.order}
         self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in
                                                self.streams.items()}
@@ -158,12 +156,7 @@ class PipelineRun:
 
     # -- checkpoint -----------------------------------------------------------------
     def lane_state(self, lane: int) -> LaneState:
-        d = self.delivered[lane]
-        chunks, bounds, source_state, next_id = self.streams[lane].ledger.snapshot(d.floor)
-        return LaneState(lane=lane, floor=d.floor, next_chunk=max(next_id, d.floor),
-                         chunks=chunks, boundaries=bounds, source=source_state,
-                         cursor=d.cursor, delivered=d.delivered, exhausted=d.exhausted,
-                         tokens=list(d.tokens), digest=resolve(d.digest))
+        return self.streams[lane].ledger.snapshot(self.delivered[lane])
 
     def lane_states(self) -> dict[int, LaneState]:
         return {lane: self.lane_state(lane) for lane in self.order}
@@ -180,14 +173,9 @@ class PipelineRun:
     def delta(self, lane: int) -> LaneDelta:
         """What a consumer in another process needs to mirror ``lane`` after its last output."""
         d = self.delivered[lane]
-        since = max(self.shipped.get(lane, d.floor), d.floor)
-        chunks, bounds, source_state, next_id = self.streams[lane].ledger.snapshot(d.floor,
-                                                                                  since)
-        self.shipped[lane] = max(next_id, since)
-        if isinstance(d.digest, Deferred):
-            d = d._replace(digest=resolve(d.digest))
-        return LaneDelta(lane=lane, state=d, new_chunks=tuple(chunks), boundaries=tuple(bounds),
-                         source=source_state, next_chunk=max(next_id, d.floor))
+        delta = self.streams[lane].ledger.delta(d, self.shipped.get(lane, d.floor))
+        self.shipped[lane] = delta.next_chunk
+        return delta
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
@@ -197,7 +185,10 @@ class PipelineRun:
                 tokens[i] += t
         total = sum(tokens) or 1
         names = self.plan.source.component_names
-        batch = next((op for op in self.plan.ops if isinstance(op, BatchOp)), None)
+        b = self.plan.batch_index
+        batches = [s.ops[b] for s in self.streams.values()] if b is not None else []
+        pad = sum(op.pad_tokens for op in batches)
+        slots = sum(op.total_tokens for op in batches)
         return {
             "outputs": self.outputs_taken,
             "outputs_per_s": self.outputs_taken / elapsed if elapsed > 0 else 0.0,
@@ -206,11 +197,10 @@ class PipelineRun:
             "inflight_chunks": {lane: len(s.ledger) for lane, s in self.streams.items()},
             "queue_depths": self.pump.queued() if self.pump else {},
             "chunks_replayed": self.chunks_replayed,
-            "operators": {op.name: op.stats.as_dict() for op in self.plan.ops},
+            "operators": {op.name: st.as_dict() for op, st in zip(self.plan.ops, self.op_stats)},
             "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
             "mixture_target": dict(zip(names, self.plan.source.weights)),
-            "padding_ratio": (batch.pad_tokens / batch.total_tokens
-                              if batch is not None and batch.total_tokens else 0.0),
+            "padding_ratio": pad / slots if slots else 0.0,
         }
 
     def close(self, join_timeout: float = 5.0) -> None:

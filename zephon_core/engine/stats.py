@@ -1,4 +1,8 @@
-"""Live per-operator counters (informational; updated without locks)."""
+"""Live per-operator counters of a run (informational; updated without locks).
+
+A run holds one :class:`OpStats` per operator of its plan, shared by its lanes;
+operators themselves carry no counters.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,11 @@ class OpStats:
     records_in: int = 0
     records_out: int = 0
     seconds: float = 0.0
+
+    def add(self, other: OpStats) -> None:
+        self.records_in += other.records_in
+        self.records_out += other.records_out
+        self.seconds += other.seconds
 
     def as_dict(self) -> dict[str, float]:
         busy = self.seconds

@@ -4,7 +4,7 @@
 worker it serves that worker's share of this rank's lanes and yields
 ``(batch, LaneDelta)`` pairs. :class:`ZephonDataLoader` unwraps them: it
 applies the delta of each batch it hands to the training loop to a per-lane
-mirror, so its state is the one right after the last batch the consumer
+lane state, so its state is the one right after the last batch the consumer
 took -- prefetched-but-unconsumed batches are simply produced again after a
 resume. The DataLoader's strict worker round-robin reproduces the rank's lane
 round-robin because worker ``w`` owns every ``W``-th lane of the rank's list;
@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..checkpoint.state import LaneState, PipelineState
+from ..checkpoint.state import LaneDelta, LaneState, PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
-from ..tracking.mirror import LaneDelta, LaneMirror
 from .handle import StreamHandle, _failed_earlier
 from .run import PipelineRun, Skip, initial_state
 
@@ -53,9 +52,8 @@ class ZephonIterableDataset(IterableDataset):
         if info is not None:
             topo = Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size,
                             info.id, info.num_workers)
-        # fresh operators for every iteration: nothing carries over from the last one
-        run = PipelineRun(self.pipeline.compile().instantiate(), self.restore, topo,
-                          emit_skips=True)
+        # every run gives its lanes fresh operators: nothing carries over from the last one
+        run = PipelineRun(self.pipeline.compile(), self.restore, topo, emit_skips=True)
         wire = _to_wire if info is not None else _identity
         try:
             for payload in run:
@@ -90,8 +88,9 @@ class RankConsumer:
         # (lane, its state before, whether the turn handed out a batch, turns it took)
         self.undo: deque[tuple[int, LaneState, bool, int]] = deque(maxlen=max_read_ahead)
         initial = restore if restore is not None else initial_state(plan, self.order)
-        self.mirrors: dict[int, LaneMirror] = {lane: LaneMirror(initial.lanes[lane])
-                                               for lane in self.order}
+        # the lane states as of the last batch handed out, kept up to date by deltas
+        self.mirrors: dict[int, LaneState] = {lane: initial.lanes[lane].copy()
+                                              for lane in self.order}
 
     def apply(self, delta: LaneDelta, served: bool = True) -> None:
         # A worker whose lanes all ended stops, and the DataLoader no longer shows its
@@ -106,7 +105,7 @@ class RankConsumer:
             self.turn += 1
             taken += 1
         mirror = self.mirrors[delta.lane]
-        self.undo.append((delta.lane, mirror.state(), served, taken))
+        self.undo.append((delta.lane, mirror.copy(), served, taken))
         mirror.apply(delta)
         self.turn += 1
         self.served += served
@@ -116,7 +115,7 @@ class RankConsumer:
 
     def snapshot(self, served: int | None = None) -> PipelineState:
         """The state right after the first ``served`` batches (default: all handed out)."""
-        states = {lane: m.state() for lane, m in self.mirrors.items()}
+        states = {lane: m.copy() for lane, m in self.mirrors.items()}
         turn = self.turn
         if served is not None and served != self.served:
             if served > self.served:

@@ -1,17 +1,26 @@
 """The operator contract.
 
-An operator turns records into records, per lane. What it owes replay:
+An operator turns one lane's records into records. Compile binds one *template* per
+operator; every lane of a run gets its own instance, ``template.for_lane(lane)``, and
+a flush sentinel hands the lane a fresh one -- so "back to the state of a freshly
+constructed operator, RNG included" holds by construction. Stateless operators are
+used as they are (one instance for every lane; they may run on worker threads or
+processes).
+
+What an operator owes replay:
 
 * set ``preserves_cursor_order=False`` if it buffers, reorders or keeps any
   history across records;
 * propagate contributor metadata and set ``is_last_child`` correctly;
 * emit tombstones for children it drops;
-* ``flush(reset=True, lane_id)`` emits everything held for that lane and
-  resets that lane to exactly the state of a freshly constructed operator,
-  RNG included; afterwards ``has_pending(lane_id)`` must be False, or the
-  runner raises :class:`~zephon_core.errors.ContractViolation`;
-* randomness is a pure function of (operator seed, lane, something replay
-  reproduces), never a counter that survives a reset;
+* ``flush()`` emits everything the instance holds -- the instance is dropped after
+  it, and the runner checks that every offset of the epoch was delivered or
+  tombstoned (``ContractViolation`` otherwise) -- except an operator whose traits say
+  ``holds_across_flush``: it keeps its instance and reports what it keeps in
+  ``held()`` (``batch(drop_last=True)`` and its partial batch, the one stall the
+  pipeline allows);
+* randomness is a pure function of (operator seed, ``ctx.lane``, something replay
+  reproduces), never a counter kept elsewhere;
 * ``describe()`` returns every parameter that changes the output (the configuration
   fingerprint), and ``content_fingerprint()`` a digest of user code it runs, if any
   (compared on restore; see ``checkpoint/content.py``).
@@ -23,6 +32,8 @@ reaching an operator that counts or concatenates tokens go through
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,16 +50,19 @@ class OpTraits:
 
     Attributes:
         preserves_cursor_order: records leave in the order their cursors entered.
-        stateless: holds nothing between records (may run on worker threads).
+        stateless: holds nothing between records (may run on worker threads/processes).
+        holds_across_flush: keeps its instance, and records (``held()``), over a flush.
     """
 
     preserves_cursor_order: bool = True
     stateless: bool = False
+    holds_across_flush: bool = False
 
 
 @dataclass(frozen=True)
 class OpContext:
-    """What compile() tells an operator about the pipeline it runs in."""
+    """What compile() tells an operator about the pipeline it runs in (``lane`` is set
+    on the instances ``for_lane`` makes; the template has None)."""
 
     seed: int
     index: int
@@ -56,10 +70,22 @@ class OpContext:
     weights: tuple[float, ...]
     source: Any = None
     upstream: tuple[Operator, ...] = field(default=())
+    lane: int | None = None
 
 
 class Operator:
-    """Base class of all operators. Subclasses override ``process``."""
+    """Base class of all operators. Subclasses override ``process`` (and ``flush`` when
+    they hold records).
+
+    Example::
+
+        class Reverse(Operator):
+            traits = OpTraits(stateless=True)
+
+            def process(self, record):
+                ids = record.payload["input_ids"][::-1]
+                return [record.with_payload({**record.payload, "input_ids": ids})]
+    """
 
     traits = OpTraits()
     name = "op"
@@ -67,28 +93,37 @@ class Operator:
     runner = "threads"  # where parallel work runs: "threads" or "processes" (stateless ops)
 
     def bind(self, ctx: OpContext) -> None:
-        """Called once by compile() before any record flows."""
+        """Called once by compile() on the template, before any record flows."""
         self.ctx = ctx
 
-    def process(self, record: Record, lane_id: int) -> Iterable[Record]:
+    def for_lane(self, lane: int) -> Operator:
+        """A fresh instance serving ``lane``. Default: a deep copy of the bound template
+        (which never saw a record) with ``ctx.lane`` set; the context itself, with the
+        source it refers to, is shared, not copied. Override it when a copy is costly."""
+        ctx = dataclasses.replace(self.ctx, lane=lane)
+        return copy.deepcopy(self, {id(self.ctx): ctx})
+
+    def process(self, record: Record) -> Iterable[Record]:
         raise NotImplementedError
 
-    def process_many(self, records: list[Record], lane_id: int) -> list[Record]:
+    def process_many(self, records: list[Record]) -> list[Record]:
         """Process a microbatch; the default calls ``process`` per record."""
         out: list[Record] = []
         for r in records:
-            out.extend(self.process(r, lane_id))
+            out.extend(self.process(r))
         return out
 
-    def flush(self, reset: bool, lane_id: int) -> Iterable[Record]:
+    def flush(self) -> Iterable[Record]:
+        """Emit everything held (a flush sentinel; the instance is replaced afterwards)."""
         return ()
 
-    def finish(self, lane_id: int) -> Iterable[Record]:
-        """End of stream for a lane. Defaults to a resetting flush."""
-        return self.flush(True, lane_id)
+    def finish(self) -> Iterable[Record]:
+        """End of the lane's stream. Defaults to ``flush``."""
+        return self.flush()
 
-    def has_pending(self, lane_id: int) -> bool:
-        return False
+    def held(self) -> list[Record]:
+        """Records kept over a flush (``holds_across_flush`` operators only)."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """JSON-able parameters that determine the output (part of the fingerprint)."""
@@ -125,16 +160,11 @@ def token_array(op: Operator, record: Record, key: str) -> Any:
                           "token array; tokenize with map() first") from e
     arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
-        raise bad_tokens(op, record, key, arr)
+        raise ContractViolation(
+            f"operator {op.name!r}: {key!r} at cursor {tuple(record.cursor)} is a "
+            f"{arr.ndim}-D {arr.dtype} array of shape {arr.shape}; token ids must be a 1-D "
+            "integer array (np.int32/np.int64): convert them in your map function")
     return tokens
-
-
-def bad_tokens(op: Operator, record: Record, key: str, arr: Any) -> ContractViolation:
-    arr = np.asarray(arr)
-    return ContractViolation(
-        f"operator {op.name!r}: {key!r} at cursor {tuple(record.cursor)} is a "
-        f"{arr.ndim}-D {arr.dtype} array of shape {arr.shape}; token ids must be a 1-D "
-        "integer array (np.int32/np.int64): convert them in your map function")
 
 
 def check_tokens(op: Operator, records: list[Record], key: str, joined: Any) -> None:

@@ -6,13 +6,16 @@ Token payloads (``payload[key]``) become ``input_ids`` int64 [B, L],
 fragment, 0 on padding). Other payloads go through torch's default collate.
 
 ``drop_last=True`` keeps a partial batch across a flush -- the one stall the
-pipeline allows, made safe by the replay filter sitting right before batch --
-and drops it only at the end of the stream. ``drop_last=False`` emits the
-partial batch at every flush. A batch record takes the cursor of its last
-member, which is what the replay filter matches on resume.
+pipeline allows (the ``holds_across_flush`` trait), made safe by the replay filter
+sitting right before batch -- and drops it only at the end of the stream.
+``drop_last=False`` emits the partial batch at every flush. A batch record takes the
+cursor of its last member, which is what the replay filter matches on resume.
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import numpy as np
 import torch
@@ -22,10 +25,11 @@ from ..checkpoint.value_digest import Deferred
 from ..errors import ConfigError
 from ..records import Record
 from .base import OpContext, Operator, OpTraits, check_tokens
+from .pack import PackOp
 
 
 class BatchOp(Operator):
-    traits = OpTraits(preserves_cursor_order=True, stateless=False)
+    traits = OpTraits(preserves_cursor_order=True, stateless=False, holds_across_flush=True)
 
     def __init__(self, batch_size: int, drop_last: bool = True, seq_len: int | None = None,
                  pad_to: str = "max", pad_id: int = 0, key: str = "input_ids",
@@ -44,48 +48,49 @@ class BatchOp(Operator):
         self.pad_id = pad_id
         self.key = key
         self.name = name
-        self._lanes: dict[int, list[Record]] = {}
-        self.rows = 0
-        self.pad_tokens = 0
-        self.total_tokens = 0
+        self._buf: list[Record] = []
+        # counters of this lane's instance (the instance lives for the whole run)
+        self.rows = self.pad_tokens = self.total_tokens = 0
 
     def bind(self, ctx: OpContext) -> None:
         super().bind(ctx)
-        self._lanes = {}
-        self.rows = self.pad_tokens = self.total_tokens = 0
         self._width = self.seq_len
         if self._width is None and self.pad_to == "max":
-            packs = [op for op in ctx.upstream if hasattr(op, "seq_len") and
-                     type(op).__name__ == "PackOp"]
+            packs = [op for op in ctx.upstream if isinstance(op, PackOp)]
             self._width = packs[-1].seq_len if packs else None
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
-        buf = self._lanes.get(lane_id)
-        if buf is None:
-            buf = self._lanes[lane_id] = []
+    def for_lane(self, lane: int) -> BatchOp:
+        new = copy.copy(self)  # cheaper than the default deep copy
+        new.ctx = dataclasses.replace(self.ctx, lane=lane)
+        new._buf = []
+        new.rows = new.pad_tokens = new.total_tokens = 0
+        return new
+
+    def process(self, record: Record) -> list[Record]:
+        buf = self._buf
         buf.append(record)
         if len(buf) < self.batch_size:
             return []
-        self._lanes[lane_id] = []
+        self._buf = []
         return [self._collate(buf)]
 
-    def flush(self, reset: bool, lane_id: int) -> list[Record]:
-        buf = self._lanes.get(lane_id)
+    def flush(self) -> list[Record]:
+        buf = self._buf
         if not buf or self.drop_last:
             return []  # drop_last: the partial batch stalls across the flush
-        self._lanes[lane_id] = []
+        self._buf = []
         return [self._collate(buf)]
 
-    def finish(self, lane_id: int) -> list[Record]:
-        buf = self._lanes.pop(lane_id, None)
+    def finish(self) -> list[Record]:
+        buf, self._buf = self._buf, []
         if not buf:
             return []
         if self.drop_last:
             return [r.to_tombstone() for r in buf]
         return [self._collate(buf)]
 
-    def has_pending(self, lane_id: int) -> bool:
-        return bool(self._lanes.get(lane_id))
+    def held(self) -> list[Record]:
+        return list(self._buf)
 
     def _collate(self, records: list[Record]) -> Record:
         contributors = []

@@ -1,29 +1,22 @@
 """ensure_mixture: keeps the delivered token share of each component near its target.
 
-Per lane, records wait in a window of ``window`` records. Whenever the window
-is full, one record leaves: the oldest held record whose main component (the
-one contributing most tokens; ties: lowest index) is the most
-under-represented component (largest ``target_share * total - emitted``
-tokens; ties: lowest index) among those present in the window. ``flush``
-drains the window in that same deficit order and resets the counts.
+Per lane (one instance per lane; a flush hands the lane a fresh one), records
+wait in a window of ``window`` records. Whenever the window is full, one record
+leaves: the oldest held record whose main component (the one contributing most
+tokens; ties: lowest index) is the most under-represented component (largest
+``target_share * total - emitted`` tokens; ties: lowest index) among those
+present in the window. ``flush`` drains the window in that same deficit order.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from ..errors import ConfigError
 from ..records import Record, component_tokens
 from .base import OpContext, Operator, OpTraits
-
-
-class _LaneMix:
-    __slots__ = ("held", "emitted", "total")
-
-    def __init__(self, n: int):
-        self.held: list[tuple[Record, dict[int, int], int, int]] = []
-        self.emitted = [0] * n
-        self.total = 0
 
 
 class EnsureMixtureOp(Operator):
@@ -37,13 +30,25 @@ class EnsureMixtureOp(Operator):
         self.window = window
         self.key = key
         self.name = name
-        self._lanes: dict[int, _LaneMix] = {}
         self.targets: tuple[float, ...] = ()
+        self._start()
+
+    def _start(self) -> None:
+        """A lane's state: the held window and the tokens emitted per component."""
+        self._held: list[tuple[Record, dict[int, int], int, int]] = []
+        self._emitted = [0] * max(len(self.targets), 1)
+        self._total = 0
 
     def bind(self, ctx: OpContext) -> None:
         super().bind(ctx)
-        self._lanes = {}
         self.targets = self._resolve(ctx)
+        self._start()
+
+    def for_lane(self, lane: int) -> EnsureMixtureOp:
+        new = copy.copy(self)  # cheaper than the default deep copy
+        new.ctx = dataclasses.replace(self.ctx, lane=lane)
+        new._start()
+        return new
 
     def _resolve(self, ctx: OpContext) -> tuple[float, ...]:
         names = ctx.component_names
@@ -66,54 +71,43 @@ class EnsureMixtureOp(Operator):
         s = sum(raw)
         return tuple(x / s for x in raw)
 
-    def _pick(self, st: _LaneMix) -> int:
-        targets, emitted, total = self.targets, st.emitted, st.total
-        present = {h[2] for h in st.held}
+    def _pick(self) -> int:
+        targets, emitted, total = self.targets, self._emitted, self._total
+        present = {h[2] for h in self._held}
         best_c, best_def = -1, 0.0
         for c in sorted(present):
             d = (targets[c] if c < len(targets) else 0.0) * total - emitted[c]
             if best_c < 0 or d > best_def:
                 best_c, best_def = c, d
-        for i, h in enumerate(st.held):
+        for i, h in enumerate(self._held):
             if h[2] == best_c:
                 return i
         return 0
 
-    def _release(self, st: _LaneMix, i: int) -> Record:
-        rec, shares, _, n = st.held.pop(i)
+    def _release(self, i: int) -> Record:
+        rec, shares, _, n = self._held.pop(i)
         for c, t in shares.items():
-            st.emitted[c] += t
-        st.total += n
+            self._emitted[c] += t
+        self._total += n
         return rec
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
-        st = self._lanes.get(lane_id)
-        if st is None:
-            st = self._lanes[lane_id] = _LaneMix(max(len(self.targets), 1))
+    def process(self, record: Record) -> list[Record]:
         shares = component_tokens(record, self.key)
+        emitted = self._emitted
         for c in shares:
-            if c >= len(st.emitted):
-                st.emitted.extend([0] * (c + 1 - len(st.emitted)))
+            if c >= len(emitted):
+                emitted.extend([0] * (c + 1 - len(emitted)))
         main = max(shares, key=lambda c: (shares[c], -c))
-        st.held.append((record, shares, main, sum(shares.values())))
-        if len(st.held) < self.window:
+        self._held.append((record, shares, main, sum(shares.values())))
+        if len(self._held) < self.window:
             return []
-        return [self._release(st, self._pick(st))]
+        return [self._release(self._pick())]
 
-    def flush(self, reset: bool, lane_id: int) -> list[Record]:
-        st = self._lanes.get(lane_id)
-        if st is None:
-            return []
+    def flush(self) -> list[Record]:
         out = []
-        while st.held:
-            out.append(self._release(st, self._pick(st)))
-        if reset:
-            del self._lanes[lane_id]
+        while self._held:
+            out.append(self._release(self._pick()))
         return out
-
-    def has_pending(self, lane_id: int) -> bool:
-        st = self._lanes.get(lane_id)
-        return st is not None and bool(st.held)
 
     def describe(self) -> dict:
         w = self.user_weights

@@ -20,10 +20,10 @@ class FetchOp(Operator):
         self.parallelism = parallelism
         self.name = name
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
-        return self.process_many([record], lane_id)
+    def process(self, record: Record) -> list[Record]:
+        return self.process_many([record])
 
-    def process_many(self, records: list[Record], lane_id: int) -> list[Record]:
+    def process_many(self, records: list[Record]) -> list[Record]:
         by_component: dict[int, list[int]] = {}
         for i, r in enumerate(records):
             by_component.setdefault(r.payload[0], []).append(i)

@@ -26,10 +26,10 @@ class FilterOp(Operator):
         self.runner = runner
         self.name = name or "filter"
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
+    def process(self, record: Record) -> list[Record]:
         return [record if self.predicate(record.payload) else record.to_tombstone()]
 
-    def process_many(self, records: list[Record], lane_id: int) -> list[Record]:
+    def process_many(self, records: list[Record]) -> list[Record]:
         pred = self.predicate
         return [r if pred(r.payload) else r.to_tombstone() for r in records]
 

@@ -29,12 +29,12 @@ class MapOp(Operator):
         self.name = name or "map"
         self.batched = batched
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
+    def process(self, record: Record) -> list[Record]:
         if self.batched:
-            return self.process_many([record], lane_id)
+            return self.process_many([record])
         return [record.with_payload(self.fn(record.payload))]
 
-    def process_many(self, records: list[Record], lane_id: int) -> list[Record]:
+    def process_many(self, records: list[Record]) -> list[Record]:
         fn = self.fn
         if not self.batched:
             return [r.with_payload(fn(r.payload)) for r in records]

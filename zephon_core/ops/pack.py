@@ -1,6 +1,6 @@
 """pack: online first-fit packing of token fragments into ``bins`` open bins.
 
-Exact rules, per lane:
+Exact rules, per lane (one instance per lane; a flush hands the lane a fresh one):
 
 * a fragment goes into the lowest-index bin with room for it;
 * a bin that becomes exactly full is emitted, and its slot is empty again;
@@ -15,6 +15,9 @@ segment ids. Zero-length fragments become tombstones.
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import numpy as np
 
@@ -47,17 +50,13 @@ class PackOp(Operator):
         self.key = key
         self.strategy = strategy
         self.name = name
-        self._lanes: dict[int, list[_Bin]] = {}
+        self._open: list[_Bin] = [_Bin() for _ in range(bins)]
 
-    def bind(self, ctx) -> None:
-        super().bind(ctx)
-        self._lanes = {}
-
-    def _bins(self, lane_id: int) -> list[_Bin]:
-        bins = self._lanes.get(lane_id)
-        if bins is None:
-            bins = self._lanes[lane_id] = [_Bin() for _ in range(self.bins)]
-        return bins
+    def for_lane(self, lane: int) -> PackOp:
+        new = copy.copy(self)  # cheaper than the default deep copy; only the bins are state
+        new.ctx = dataclasses.replace(self.ctx, lane=lane)
+        new._open = [_Bin() for _ in range(self.bins)]
+        return new
 
     def _emit(self, b: _Bin) -> Record:
         parts = b.parts
@@ -79,7 +78,7 @@ class PackOp(Operator):
         b.parts = []
         return Record({key: tokens, "segment_lengths": lengths}, parts[0].cursor, contributors)
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
+    def process(self, record: Record) -> list[Record]:
         try:
             n = len(record.payload[self.key])  # ids are checked once per emitted bin
         except (KeyError, TypeError, IndexError) as e:
@@ -92,7 +91,7 @@ class PackOp(Operator):
                               "before pack()")
         if n == 0:
             return [record.to_tombstone()]
-        bins = self._bins(lane_id)
+        bins = self._open
         for b in bins:
             if b.fill + n <= seq_len:
                 b.parts.append(record)
@@ -107,18 +106,8 @@ class PackOp(Operator):
         fullest.fill = n
         return [out] if n < seq_len else [out, self._emit(fullest)]
 
-    def flush(self, reset: bool, lane_id: int) -> list[Record]:
-        bins = self._lanes.get(lane_id)
-        if bins is None:
-            return []
-        out = [self._emit(b) for b in bins if b.parts]
-        if reset:
-            del self._lanes[lane_id]
-        return out
-
-    def has_pending(self, lane_id: int) -> bool:
-        bins = self._lanes.get(lane_id)
-        return bool(bins) and any(b.parts for b in bins)
+    def flush(self) -> list[Record]:
+        return [self._emit(b) for b in self._open if b.parts]
 
     def describe(self) -> dict:
         return {"op": "pack", "name": self.name, "seq_len": self.seq_len, "bins": self.bins,

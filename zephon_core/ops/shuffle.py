@@ -1,11 +1,14 @@
 """shuffle: a per-lane buffer shuffle whose randomness replay reproduces.
 
-The RNG of a lane is created from (operator seed, lane, cursor of the first
-record after a reset) -- all things replay reproduces -- and is dropped on
-every reset, so no counter survives a flush.
+Each lane's instance creates its RNG from (operator seed, lane, cursor of its first
+record) -- all things replay reproduces; a flush hands the lane a fresh instance, so
+no counter survives it.
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import numpy as np
 
@@ -15,16 +18,6 @@ from ..rng import generator
 from .base import Operator, OpTraits
 
 _BLOCK = 256  # random slot indices drawn per RNG call
-
-
-class _LaneBuffer:
-    __slots__ = ("items", "rng", "draws", "pos")
-
-    def __init__(self, rng: np.random.Generator):
-        self.items: list[Record] = []
-        self.rng = rng
-        self.draws: list[int] = []
-        self.pos = 0
 
 
 class ShuffleOp(Operator):
@@ -37,45 +30,38 @@ class ShuffleOp(Operator):
             raise ConfigError(f"shuffle(buffer_size={buffer_size!r}): must be a positive int")
         self.buffer_size = buffer_size
         self.name = name
-        self._lanes: dict[int, _LaneBuffer] = {}
+        self._items: list[Record] = []
+        self._rng: np.random.Generator | None = None
+        self._draws: list[int] = []
+        self._pos = 0
 
-    def bind(self, ctx) -> None:
-        super().bind(ctx)
-        self._lanes = {}
+    def for_lane(self, lane: int) -> ShuffleOp:
+        new = copy.copy(self)  # cheaper than the default deep copy
+        new.ctx = dataclasses.replace(self.ctx, lane=lane)
+        new._items, new._rng, new._draws, new._pos = [], None, [], 0
+        return new
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
-        st = self._lanes.get(lane_id)
-        if st is None:
-            st = self._lanes[lane_id] = _LaneBuffer(
-                generator(self.ctx.seed, lane_id, *record.cursor))
-        items = st.items
+    def process(self, record: Record) -> list[Record]:
+        items = self._items
+        if self._rng is None:
+            self._rng = generator(self.ctx.seed, self.ctx.lane, *record.cursor)
         if len(items) < self.buffer_size:
             items.append(record)
             return []
-        if st.pos == len(st.draws):
-            st.draws = st.rng.integers(0, self.buffer_size, _BLOCK).tolist()
-            st.pos = 0
-        j = st.draws[st.pos]
-        st.pos += 1
+        if self._pos == len(self._draws):
+            self._draws = self._rng.integers(0, self.buffer_size, _BLOCK).tolist()
+            self._pos = 0
+        j = self._draws[self._pos]
+        self._pos += 1
         out = items[j]
         items[j] = record
         return [out]
 
-    def flush(self, reset: bool, lane_id: int) -> list[Record]:
-        st = self._lanes.get(lane_id)
-        if st is None:
+    def flush(self) -> list[Record]:
+        items, self._items = self._items, []
+        if not items:
             return []
-        items = st.items
-        out = [items[i] for i in st.rng.permutation(len(items)).tolist()]
-        if reset:
-            del self._lanes[lane_id]
-        else:
-            st.items = []
-        return out
-
-    def has_pending(self, lane_id: int) -> bool:
-        st = self._lanes.get(lane_id)
-        return st is not None and bool(st.items)
+        return [items[i] for i in self._rng.permutation(len(items)).tolist()]
 
     def describe(self) -> dict:
         return {"op": "shuffle", "name": self.name, "buffer_size": self.buffer_size}

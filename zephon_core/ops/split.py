@@ -27,7 +27,7 @@ class SplitOp(Operator):
         self.parallelism = parallelism
         self.name = name
 
-    def process(self, record: Record, lane_id: int) -> list[Record]:
+    def process(self, record: Record) -> list[Record]:
         payload = record.payload
         tokens = token_array(self, record, self.key)
         if len(record.contributors) != 1 or record.cursor.child != 0:

@@ -20,37 +20,25 @@ consumer adopts the state of the last output it took.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import NamedTuple
 
+from ..checkpoint.state import Delivery, LaneState
 from ..records import Contributor, SampleCursor
 from ..sources.chunk import WorkChunk
 from .offsets import ChunkProgress
 
 
-class Delivery(NamedTuple):
-    """A lane's consumer-visible state right after one of its outputs was delivered."""
-
-    floor: int                      # lowest chunk id still inflight
-    cursor: SampleCursor | None     # replay cursor: identity of the last delivered record
-    delivered: int                  # outputs delivered on this lane
-    exhausted: bool                 # the lane's stream ended
-    tokens: tuple[int, ...]         # cumulative delivered tokens per component
-    digest: int | None = None       # value digest of the record behind the last output
-
-
 class LaneTracker:
-    """Per-lane offset tracking and eviction (producer side)."""
+    """Per-lane offset tracking and eviction (producer side), from a lane's state."""
 
-    def __init__(self, epoch_based: bool, floor: int, boundaries: list[int],
-                 cursor: SampleCursor | None, delivered: int, n_components: int):
+    def __init__(self, epoch_based: bool, state: LaneState):
         self.epoch_based = epoch_based
-        self.floor = floor
-        self.boundaries = sorted(b for b in boundaries if b > floor)
-        self.cursor = cursor
-        self.delivered = delivered
+        self.floor = state.floor
+        self.boundaries = sorted(b for b in state.boundaries if b > state.floor)
+        self.cursor = state.cursor
+        self.delivered = state.delivered
         self.progress: dict[int, ChunkProgress] = {}
-        self.tokens = [0] * n_components
-        self.digest: int | None = None
+        self.tokens = list(state.tokens)
+        self.digest = state.digest
 
     def register(self, chunk: WorkChunk) -> None:
         if self.epoch_based:
@@ -87,8 +75,17 @@ class LaneTracker:
             else:
                 p.close_child(offset, child, is_last)
 
+    def open_offsets(self, below: int) -> list[tuple[int, int]]:
+        """(chunk, offset) of every tracked offset of chunks below ``below`` not closed yet."""
+        out = []
+        for cid in range(self.floor, below):
+            p = self.progress.get(cid)
+            if p is not None and not p.complete:
+                out += [(cid, i) for i, closed in enumerate(p.closed) if not closed]
+        return out
+
     def deliver(self, contributors: list[Contributor], cursor: SampleCursor,
-                digest: int | None = None) -> Delivery:
+                digest: object = None) -> Delivery:
         """Account one output and return the lane state right after it."""
         self.close(contributors, self.tokens)
         self.cursor = cursor

@@ -15,18 +15,21 @@ import threading
 from collections import deque
 from typing import Any
 
+from ..checkpoint.state import Delivery, LaneDelta, LaneState
+from ..checkpoint.value_digest import resolve
 from ..sources.chunk import WorkChunk
 
 
 class LaneLedger:
-    def __init__(self, lane: int, chunks: list[WorkChunk], boundaries: list[int],
-                 source_state: dict[str, Any], next_chunk_id: int):
-        self.lane = lane
+    """Producer-side record of a lane's chunks; starts from the lane's (restored) state."""
+
+    def __init__(self, state: LaneState):
+        self.lane = state.lane
         self._lock = threading.Lock()
-        self._chunks: deque[WorkChunk] = deque(chunks)
-        self._boundaries: list[int] = list(boundaries)
-        self._source_state = source_state
-        self.next_chunk_id = next_chunk_id
+        self._chunks: deque[WorkChunk] = deque(state.chunks)
+        self._boundaries: list[int] = list(state.boundaries)
+        self._source_state = state.source
+        self.next_chunk_id = state.next_chunk
 
     def register(self, chunk: WorkChunk, source_state: dict[str, Any],
                  boundary_after: bool) -> None:
@@ -50,16 +53,27 @@ class LaneLedger:
             while bounds and bounds[0] <= floor:
                 bounds.pop(0)
 
-    def snapshot(self, floor: int, since: int | None = None
-                 ) -> tuple[list[WorkChunk], list[int], dict[str, Any], int]:
-        """(inflight chunks, boundaries incl. the trailing one, source state, next chunk id).
-
-        With ``since``, only chunks from that id on (for deltas)."""
-        first = floor if since is None else max(floor, since)
+    def snapshot(self, d: Delivery) -> LaneState:
+        """The lane's state right after the output that produced ``d``: inflight chunks,
+        boundaries incl. the trailing one, the source state after the last chunk."""
         with self._lock:
-            chunks = [c for c in self._chunks if c.chunk_id >= first]
-            bounds = [b for b in self._boundaries if b > floor]
-            return chunks, bounds, self._source_state, self.next_chunk_id
+            return LaneState(lane=self.lane, floor=d.floor,
+                             next_chunk=max(self.next_chunk_id, d.floor),
+                             chunks=[c for c in self._chunks if c.chunk_id >= d.floor],
+                             boundaries=[b for b in self._boundaries if b > d.floor],
+                             source=self._source_state, cursor=d.cursor,
+                             delivered=d.delivered, exhausted=d.exhausted,
+                             tokens=list(d.tokens), digest=resolve(d.digest))
+
+    def delta(self, d: Delivery, since: int) -> LaneDelta:
+        """What a consumer that holds the chunks below ``since`` needs after ``d``."""
+        first = max(d.floor, since)
+        with self._lock:
+            return LaneDelta(lane=self.lane, delivery=d._replace(digest=resolve(d.digest)),
+                             new_chunks=tuple(c for c in self._chunks if c.chunk_id >= first),
+                             boundaries=tuple(b for b in self._boundaries if b > d.floor),
+                             source=self._source_state,
+                             next_chunk=max(self.next_chunk_id, d.floor))
 
     def __len__(self) -> int:
         return len(self._chunks)
