@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 from ..errors import ContractViolation, CorruptCheckpoint, IncompatibleCheckpoint
 from ..records import SampleCursor
 from ..sources.chunk import WorkChunk
+from ..validate import is_int
 from .value_digest import Deferred, resolve
 
 FORMAT = "zephon.pipeline_state"
@@ -252,9 +253,9 @@ def _check_keys(d: Any, keys: set[str], what: str) -> None:
 
 
 def _int(x: Any, what: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
+    if not is_int(x):
         raise CorruptCheckpoint(f"{what} is {x!r}, expected an int")
-    return x
+    return int(x)
 
 
 def _bool(x: Any, what: str) -> bool:

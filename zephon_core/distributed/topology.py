@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import TopologyError
+from ..validate import int_arg
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,7 @@ class Topology:
 
     def __post_init__(self) -> None:
         for name in ("rank", "world_size", "dp_rank", "dp_size", "worker_id", "num_workers"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise TopologyError(f"topology {name}={v!r} must be an int >= 0")
+            int_arg(name, getattr(self, name), minimum=0, where="topology", error=TopologyError)
         if self.world_size < 1 or self.dp_size < 1:
             raise TopologyError(f"world_size={self.world_size} and dp_size={self.dp_size} "
                                 "must be >= 1")

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
+from ..validate import int_arg
 from .processes import check_shippable
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,7 @@ def _validate_ops(ops: list[Operator]) -> None:
         if not isinstance(op, Operator):
             raise ConfigError(f"operator #{i} ({op!r}) is not a zephon_core.Operator; "
                               "subclass Operator and pass it to pipe.then(op)")
-        p = op.parallelism
-        if not isinstance(p, int) or p < 1:
-            raise ConfigError(f"operator {op.name!r}: parallelism={p!r} must be an int >= 1")
+        p = int_arg("parallelism", op.parallelism, minimum=1, where=f"operator {op.name!r}")
         if p > 1 and not op.traits.stateless:
             raise ConfigError(f"operator {op.name!r} keeps state, so it cannot run with "
                               f"parallelism={p}; use parallelism=1")
@@ -135,8 +134,7 @@ def _validate_ops(ops: list[Operator]) -> None:
 def resolve_k(k: int | None, monotone: bool) -> int:
     if k is None:
         return 0 if monotone else DEFAULT_K
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ConfigError(f"flush_every_k_chunks={k!r} must be an int >= 0")
+    k = int_arg("flush_every_k_chunks", k, minimum=0)
     if monotone and k > 0:
         warnings.warn(f"flush_every_k_chunks={k} on a pipeline whose operators all keep "
                       "cursor order: sentinels buy nothing there and would perturb batch "

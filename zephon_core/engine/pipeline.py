@@ -45,6 +45,7 @@ from ..ops import (
     SplitOp,
 )
 from ..sources.base import SourceSpec
+from ..validate import bool_arg, int_arg, number_arg
 from .compile import Plan, compile_plan
 from .handle import PipelineIterator, StreamHandle
 from .run import initial_state
@@ -104,13 +105,9 @@ class Pipeline:
             if not hasattr(source, attr):
                 raise ConfigError(f"source {type(source).__name__} lacks {attr!r}; pass a "
                                   "StaticMixtureWorkSource or implement the SourceSpec protocol")
-        if isinstance(canonical_replicas, bool) or not isinstance(canonical_replicas, int) \
-                or canonical_replicas < 1:
-            raise ConfigError(f"canonical_replicas={canonical_replicas!r} must be an int >= 1")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed={seed!r} must be an int")
-        if not isinstance(checkpointing, bool):
-            raise ConfigError(f"checkpointing={checkpointing!r} must be True or False")
+        canonical_replicas = int_arg("canonical_replicas", canonical_replicas, minimum=1)
+        seed = int_arg("seed", seed)
+        checkpointing = bool_arg("checkpointing", checkpointing)
         values = dict(source=source, canonical_replicas=canonical_replicas,
                       flush_every_k_chunks=flush_every_k_chunks, seed=seed,
                       checkpointing=checkpointing, _bind={}, _ops=(), _plan=None,
@@ -435,20 +432,14 @@ class Pipeline:
 
 
 def _checked_options(o: dict[str, Any]) -> dict[str, Any]:
-    for name, low in (("prefetch", 0), ("queue_size", 1)):
-        v = o[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ConfigError(f"{name}={v!r} must be an int >= {low}")
     if o["aggregate_dir"] is not None and o["aggregate_store"] is not None:
         raise ConfigError("pass aggregate_dir or aggregate_store, not both")
-    t = o["aggregate_timeout_s"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-        raise ConfigError(f"aggregate_timeout_s={t!r} must be a number > 0")
-    s = o["stall_timeout_s"]
-    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0):
-        raise ConfigError(f"stall_timeout_s={s!r} must be a number of seconds > 0, or None "
-                          "to disable the watchdog")
-    return {**o, "aggregate_dir": os.fspath(o["aggregate_dir"])
+    return {**o, "prefetch": int_arg("prefetch", o["prefetch"], minimum=0),
+            "queue_size": int_arg("queue_size", o["queue_size"], minimum=1),
+            "aggregate_dir": os.fspath(o["aggregate_dir"])
             if o["aggregate_dir"] is not None else None,
-            "aggregate_timeout_s": float(t),
-            "stall_timeout_s": float(s) if s is not None else None}
+            "aggregate_timeout_s": number_arg("aggregate_timeout_s", o["aggregate_timeout_s"],
+                                              positive=True),
+            "stall_timeout_s": number_arg("stall_timeout_s", o["stall_timeout_s"],
+                                          positive=True, allow_none=True,
+                                          hint=" (None disables the watchdog)")}

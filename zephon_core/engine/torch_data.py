@@ -30,6 +30,7 @@ from ..checkpoint.state import LaneDelta, LaneState, PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
+from ..validate import int_arg
 from .handle import StreamHandle, _failed_earlier
 from .run import PipelineRun, Skip, initial_state
 
@@ -173,9 +174,8 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         if kwargs.get("persistent_workers"):
             raise ConfigError("persistent_workers=True is not supported: a re-created "
                               "iterator must restart workers from the consumed state")
-        if isinstance(max_read_ahead, bool) or not isinstance(max_read_ahead, int) \
-                or max_read_ahead < 1:
-            raise ConfigError(f"max_read_ahead={max_read_ahead!r} must be an int >= 1")
+        max_read_ahead = int_arg("max_read_ahead", max_read_ahead, minimum=1,
+                                 where="dataloader")
         validate(pipeline.canonical_replicas, topology.dp_size, num_workers)
         self._init_handle(pipeline, topology)
         self.max_read_ahead = max_read_ahead

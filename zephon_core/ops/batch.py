@@ -24,6 +24,7 @@ from torch.utils.data import default_collate
 from ..checkpoint.value_digest import Deferred
 from ..errors import ConfigError
 from ..records import Record
+from ..validate import bool_arg, int_arg
 from .base import OpContext, Operator, OpTraits, check_tokens
 from .pack import PackOp
 
@@ -34,13 +35,13 @@ class BatchOp(Operator):
     def __init__(self, batch_size: int, drop_last: bool = True, seq_len: int | None = None,
                  pad_to: str = "max", pad_id: int = 0, key: str = "input_ids",
                  name: str = "batch"):
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch(batch_size={batch_size!r}): must be a positive int")
+        batch_size = int_arg("batch_size", batch_size, minimum=1, where="batch")
+        drop_last = bool_arg("drop_last", drop_last, where="batch")
         if pad_to not in ("max", "longest"):
             raise ConfigError(f"batch(pad_to={pad_to!r}): use 'max' (pad to seq_len) or "
                               "'longest'")
-        if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
-            raise ConfigError(f"batch(seq_len={seq_len!r}): must be a positive int or None")
+        seq_len = int_arg("seq_len", seq_len, minimum=1, where="batch", allow_none=True)
+        pad_id = int_arg("pad_id", pad_id, where="batch")
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.seq_len = seq_len

@@ -14,8 +14,8 @@ import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from ..errors import ConfigError
 from ..records import Record, component_tokens
+from ..validate import int_arg, weight_vector
 from .base import OpContext, Operator, OpTraits
 
 
@@ -24,8 +24,7 @@ class EnsureMixtureOp(Operator):
 
     def __init__(self, weights: Mapping[str, float] | Sequence[float] | None = None,
                  window: int = 16, key: str = "input_ids", name: str = "ensure_mixture"):
-        if not isinstance(window, int) or window < 1:
-            raise ConfigError(f"ensure_mixture(window={window!r}): must be a positive int")
+        window = int_arg("window", window, minimum=1, where="ensure_mixture")
         self.user_weights = weights
         self.window = window
         self.key = key
@@ -53,21 +52,8 @@ class EnsureMixtureOp(Operator):
     def _resolve(self, ctx: OpContext) -> tuple[float, ...]:
         names = ctx.component_names
         w = self.user_weights
-        if w is None:
-            raw = list(ctx.weights)
-        elif isinstance(w, Mapping):
-            unknown = sorted(set(w) - set(names))
-            if unknown:
-                raise ConfigError(f"ensure_mixture: weights for unknown components {unknown}; "
-                                  f"the source has {list(names)}")
-            raw = [float(w.get(n, 0.0)) for n in names]
-        else:
-            raw = [float(x) for x in w]
-            if len(raw) != len(names):
-                raise ConfigError(f"ensure_mixture: {len(raw)} weights for {len(names)} "
-                                  f"components {list(names)}")
-        if any(not (x >= 0.0) or x == float("inf") for x in raw) or sum(raw) <= 0:
-            raise ConfigError(f"ensure_mixture: weights {raw} must be finite, >= 0 and not all 0")
+        raw = list(ctx.weights) if w is None else weight_vector(
+            w, names, "ensure_mixture", missing_is_zero=True)
         s = sum(raw)
         return tuple(x / s for x in raw)
 

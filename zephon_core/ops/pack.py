@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..records import Record
+from ..validate import int_arg
 from .base import Operator, OpTraits, check_tokens
 
 
@@ -39,10 +40,8 @@ class PackOp(Operator):
 
     def __init__(self, seq_len: int, bins: int = 8, key: str = "input_ids",
                  strategy: str = "first_fit", name: str = "pack"):
-        if not isinstance(seq_len, int) or seq_len < 1:
-            raise ConfigError(f"pack(seq_len={seq_len!r}): seq_len must be a positive int")
-        if not isinstance(bins, int) or bins < 1:
-            raise ConfigError(f"pack(bins={bins!r}): bins must be a positive int")
+        seq_len = int_arg("seq_len", seq_len, minimum=1, where="pack")
+        bins = int_arg("bins", bins, minimum=1, where="pack")
         if strategy != "first_fit":
             raise ConfigError(f"pack(strategy={strategy!r}): only 'first_fit' is supported")
         self.seq_len = seq_len

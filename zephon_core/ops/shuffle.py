@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..records import Record
 from ..rng import generator
+from ..validate import int_arg
 from .base import Operator, OpTraits
 
 _BLOCK = 256  # random slot indices drawn per RNG call
@@ -26,8 +26,7 @@ class ShuffleOp(Operator):
     traits = OpTraits(preserves_cursor_order=False, stateless=False)
 
     def __init__(self, buffer_size: int, name: str = "shuffle"):
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ConfigError(f"shuffle(buffer_size={buffer_size!r}): must be a positive int")
+        buffer_size = int_arg("buffer_size", buffer_size, minimum=1, where="shuffle")
         self.buffer_size = buffer_size
         self.name = name
         self._items: list[Record] = []

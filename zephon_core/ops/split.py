@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..records import Contributor, Record, SampleCursor
+from ..validate import int_arg
 from .base import Operator, OpTraits, token_array
 
 
@@ -20,8 +21,7 @@ class SplitOp(Operator):
 
     def __init__(self, max_len: int, key: str = "input_ids", parallelism: int = 1,
                  name: str = "split"):
-        if not isinstance(max_len, int) or max_len < 1:
-            raise ConfigError(f"split(max_len={max_len!r}): max_len must be a positive int")
+        max_len = int_arg("max_len", max_len, minimum=1, where="split")
         self.max_len = max_len
         self.key = key
         self.parallelism = parallelism

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CorruptCheckpoint
+from ..validate import int_arg
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +45,7 @@ class WorkChunk:
             if len(components) != len(rows) or not rows:
                 raise ValueError("components/rows length mismatch or empty chunk")
             for x in (chunk_id, seed, *components, *rows):
-                if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-                    raise ValueError(f"{x!r} is not a non-negative int")
+                int_arg("pointer", x, minimum=0, error=ValueError)
             return cls(lane, chunk_id, tuple(components), tuple(rows), seed)
         except (TypeError, ValueError) as e:
             raise CorruptCheckpoint(f"invalid work chunk in lane {lane}: {e}") from e

@@ -20,15 +20,13 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import ConfigError, CorruptCheckpoint
+from ..validate import is_int as _strict_int
+from ..validate import weight_vector
 
 __all__ = ["integer_weights", "SmoothWeightedRoundRobin"]
 
 #: Largest ``sum(weights) * len(weights)`` for which one period is tabulated.
 _TABLE_LIMIT = 1 << 16
-
-
-def _strict_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def integer_weights(weights: Sequence[float]) -> list[int]:
@@ -45,14 +43,7 @@ def integer_weights(weights: Sequence[float]) -> list[int]:
     ws = list(weights)
     if not ws:
         raise ConfigError("weights is empty: give one weight per dataset")
-    for i, w in enumerate(ws):
-        if isinstance(w, (bool, str, bytes)) or not hasattr(w, "__float__"):
-            raise ConfigError(f"weight {i} is {w!r}, not a number: weights must be numbers >= 0")
-        f = float(w)
-        if math.isnan(f) or math.isinf(f) or f < 0:
-            raise ConfigError(f"weight {i} is {w!r}: weights must be finite numbers >= 0")
-    if all(float(w) == 0 for w in ws):
-        raise ConfigError(f"all weights are zero ({ws!r}): give at least one a positive weight")
+    ws = weight_vector(ws, [str(i) for i in range(len(ws))], "integer_weights")
 
     def limited(scale: float) -> list[Fraction]:
         return [Fraction(float(w) / scale).limit_denominator(10**6) for w in ws]

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..rng import MASK64, derive_seed
+from ..validate import is_int as _is_int
 
 __all__ = ["KeyedPermutation"]
 
@@ -41,10 +42,6 @@ _U_MIX2 = np.uint64(_MIX2)
 _U30 = np.uint64(30)
 _U27 = np.uint64(27)
 _U31 = np.uint64(31)
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 class KeyedPermutation:

@@ -30,6 +30,8 @@ import numpy as np
 from ..checkpoint.content import component_fingerprint
 from ..errors import ConfigError, CorruptCheckpoint, PipelineError
 from ..rng import derive_seed
+from ..validate import bool_arg, int_arg, weight_vector
+from ..validate import is_int as _is_int
 from .chunk import WorkChunk
 from .mixture import SmoothWeightedRoundRobin, integer_weights
 from .permutation import KeyedPermutation
@@ -39,10 +41,6 @@ __all__ = ["StaticMixtureWorkSource", "StaticMixtureLane"]
 _STATE_VERSION = 1
 _STATE_KEYS = frozenset({"version", "next_chunk_id", "cursors", "swrr", "exhausted"})
 _SCALAR_SEGMENT = 8  # epoch segments shorter than this are mapped without numpy
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _check_dataset(name: str, ds: Any) -> int:
@@ -116,61 +114,18 @@ class StaticMixtureWorkSource:
         self.integer_weights: tuple[int, ...] = tuple(integer_weights(self._weight_list(weights)))
         total = sum(self.integer_weights)
         self.weights: tuple[float, ...] = tuple(w / total for w in self.integer_weights)
-        if not _is_int(chunk_size) or chunk_size < 1:
-            raise ConfigError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-        if not _is_int(seed):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        if not isinstance(shuffle, (bool, np.bool_)):
-            raise ConfigError(f"shuffle must be True or False, got {shuffle!r}")
-        if num_epochs is not None and (not _is_int(num_epochs) or num_epochs < 1):
-            raise ConfigError(
-                f"num_epochs must be None (infinite) or an integer >= 1, got {num_epochs!r}"
-            )
-        self.chunk_size = int(chunk_size)
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
-        self.num_epochs = None if num_epochs is None else int(num_epochs)
+        where = "StaticMixtureWorkSource"
+        self.chunk_size = int_arg("chunk_size", chunk_size, minimum=1, where=where)
+        self.seed = int_arg("seed", seed, where=where)
+        self.shuffle = bool_arg("shuffle", shuffle, where=where)
+        self.num_epochs = int_arg("num_epochs", num_epochs, minimum=1, allow_none=True,
+                                  where=where)
         self._getitems = [getattr(d, "__getitems__", None) for d in dss]
 
-    def _weight_list(self, weights: Mapping[str, float] | Sequence[float] | None) -> list[Any]:
-        names = self.component_names
+    def _weight_list(self, weights: Mapping[str, float] | Sequence[float] | None) -> list[float]:
         if weights is None:
-            return [1] * len(names)
-        if isinstance(weights, Mapping):
-            unknown = [k for k in weights if k not in names]
-            if unknown:
-                raise ConfigError(
-                    f"weights given for unknown datasets {unknown!r}; known datasets: "
-                    f"{list(names)!r}"
-                )
-            missing = [n for n in names if n not in weights]
-            if missing:
-                raise ConfigError(
-                    f"no weight for datasets {missing!r}: give every dataset a weight "
-                    "(0 to leave it out)"
-                )
-            ws = [weights[n] for n in names]
-        elif isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
-            raise ConfigError(f"weights must be a mapping or a sequence, got {weights!r}")
-        else:
-            ws = list(weights)
-            if len(ws) != len(names):
-                raise ConfigError(
-                    f"{len(ws)} weights for {len(names)} datasets {list(names)!r}: give one "
-                    "weight per dataset"
-                )
-        for name, w in zip(names, ws, strict=True):
-            ok = hasattr(w, "__float__") and not isinstance(w, (bool, str, bytes))
-            if not ok or not math.isfinite(float(w)) or float(w) < 0:
-                raise ConfigError(
-                    f"weight of dataset {name!r} is {w!r}: weights must be finite numbers >= 0"
-                )
-        if all(float(w) == 0 for w in ws):
-            raise ConfigError(
-                f"all weights are zero for datasets {list(names)!r}: give at least one dataset "
-                "a positive weight"
-            )
-        return ws
+            return [1.0] * len(self.component_names)
+        return weight_vector(weights, self.component_names, "StaticMixtureWorkSource")
 
     def read(self, component: int, rows: Sequence[int]) -> list[Any]:
         """Read ``rows`` of dataset ``component`` with one batched read."""
@@ -236,12 +191,9 @@ class StaticMixtureWorkSource:
 
     def open_lane(self, lane: int, num_lanes: int, seed: int) -> StaticMixtureLane:
         """The WorkSource of ``lane`` out of ``num_lanes``; ``seed`` keys the chunk seeds."""
-        if not _is_int(num_lanes) or num_lanes < 1:
-            raise ConfigError(f"num_lanes must be an integer >= 1, got {num_lanes!r}")
-        if not _is_int(lane) or not 0 <= lane < num_lanes:
-            raise ConfigError(f"lane must be an integer in [0, {num_lanes}), got {lane!r}")
-        if not _is_int(seed):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        num_lanes = int_arg("num_lanes", num_lanes, minimum=1, where="open_lane")
+        lane = int_arg("lane", lane, minimum=0, maximum=num_lanes - 1, where="open_lane")
+        seed = int_arg("seed", seed, where="open_lane")
         return StaticMixtureLane(self, int(lane), int(num_lanes), int(seed))
 
 
