@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.zephon-installed
 # The CPU build of torch lies on disk here; pinning it avoids a multi-GB CUDA download.
 TORCH   := torch==2.13.0
 
-.PHONY: test demo demo-core demo-hf bench lint clean
+.PHONY: test demo demo-core demo-hf bench lint format clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(VPY)
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(VPY) -m pytest -q -p no:cacheprovider tests
+	$(VPY) -m pytest -q -p no:cacheprovider --doctest-modules zephon_core tests
 
 demo: $(STAMP)
 	$(VPY) examples/lightning_resume.py
@@ -37,6 +37,12 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VPY) -m pip install -q ruff
 	$(VPY) -m ruff check zephon_core zephon_integrations tests examples benchmarks
+	$(VPY) -m ruff format --check zephon_core zephon_integrations tests examples benchmarks
+
+format: $(STAMP)
+	$(VPY) -m pip install -q ruff
+	$(VPY) -m ruff format zephon_core zephon_integrations tests examples benchmarks
+	$(VPY) -m ruff check --fix zephon_core zephon_integrations tests examples benchmarks
 
 clean:
 	rm -rf $(VENV)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from zephon_core import corpora
+from zephon_core.testing import corpora
 
 
 def main(chunks: int = 300, chunk: int = 64) -> dict:

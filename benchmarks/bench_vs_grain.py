@@ -14,7 +14,7 @@ import time
 import numpy as np
 from common import bar_pipeline, throughput
 
-from zephon_core import corpora
+from zephon_core.testing import corpora
 
 SEQ = 512
 

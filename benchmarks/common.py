@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zephon_core import Pipeline, StaticMixtureWorkSource, corpora
+from zephon_core import Pipeline, StaticMixtureWorkSource
+from zephon_core.testing import corpora
 
 
 def mixture_source(chunk_size: int = 64, seed: int = 1234) -> StaticMixtureWorkSource:

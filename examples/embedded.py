@@ -1,6 +1,6 @@
 """The embedded default job shared by the examples: data, tokenizer, pipeline.
 
-Data is real text that ships with Python (``zephon_core.corpora``): the
+Data is real text that ships with Python (``zephon_core.testing.corpora``): the
 ``pydoc_data.topics`` documentation as prose (weight 0.7) and the standard
 library's source as code (0.3). The tokenizer is a small byte-level BPE trained
 on the spot with ``tokenizers`` -- nothing downloads.
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon_core import Pipeline, StaticMixtureWorkSource, corpora
+from zephon_core import Pipeline, StaticMixtureWorkSource
+from zephon_core.testing import corpora
 
 
 def train_tokenizer(path: Path, vocab_size: int = 2048) -> None:

@@ -35,7 +35,8 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-from zephon_core import Pipeline, StaticMixtureWorkSource, corpora  # noqa: E402
+from zephon_core import Pipeline, StaticMixtureWorkSource  # noqa: E402
+from zephon_core.testing import corpora  # noqa: E402
 from zephon_integrations.hf import ZephonCallback, ZephonTrainer, hf_components  # noqa: E402
 
 SEQ_LEN, BATCH = 128, 8

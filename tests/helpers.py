@@ -35,9 +35,9 @@ CODE = make_docs(90, 5, 1500, 2, "c")
 
 
 def byte_tokenize(payload: dict) -> dict:
-    """Byte-level tokens (int32), keeping the document id."""
+    """Byte-level tokens (int32) of ``payload["text"]``, keeping the document id if any."""
     ids = np.frombuffer(payload["text"].encode(), dtype=np.uint8).astype(np.int32)
-    return {"input_ids": ids, "id": payload["id"]}
+    return {"input_ids": ids, "id": payload["id"]} if "id" in payload else {"input_ids": ids}
 
 
 def source(chunk_size: int = 8, seed: int = 7, num_epochs: int | None = None,
@@ -102,18 +102,24 @@ def returns_unpicklable(payload: dict):
     return threading.Lock()
 
 
-def batch_digest(out) -> str:
-    """A short digest of one output (a batch of tensors, or a record of arrays)."""
+def batch_digest(out, keys=None) -> str:
+    """A short digest of one output (a batch of tensors, or a record of arrays): the
+    given keys (default all, sorted), each with its name and shape."""
     import hashlib
 
     import torch
 
     h = hashlib.sha256()
-    for k in sorted(out):
+    for k in sorted(out) if keys is None else [k for k in keys if out.get(k) is not None]:
         v = out[k]
         h.update(k.encode())
-        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else
-                 np.asarray(v).tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+        if isinstance(v, torch.Tensor):
+            v = v.detach().cpu().contiguous().numpy()
+        if isinstance(v, np.ndarray):
+            h.update(str(v.shape).encode())
+            h.update(np.ascontiguousarray(v).tobytes())
+        else:
+            h.update(repr(v).encode())
     return h.hexdigest()[:16]
 
 

@@ -8,9 +8,8 @@ it"; dropped records become tombstones; SPEC 7: divergence is detected
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from helpers import source
+from helpers import byte_tokenize, source
 
 from zephon_core import Operator, OpTraits, Pipeline, ReplayDivergence
 from zephon_core.checkpoint.replay_filter import ReplayFilter
@@ -167,8 +166,7 @@ class RunStamped(Operator):
                        record.contributors)]
 
 
-def _tok(payload):
-    return {"input_ids": np.frombuffer(payload["text"].encode(), np.uint8).astype(np.int32)}
+_tok = byte_tokenize
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])

@@ -21,10 +21,15 @@ from helpers import reference_pipeline
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zephon_core.checkpoint import codec
 from zephon_core.distributed import merge_local_checkpoints
 from zephon_core.errors import IncompatibleCheckpoint, TopologyError
-from zephon_core.testing import assert_streams_equal, first_difference, reseed_globals, take
+from zephon_core.testing import (
+    SimulatedRanks,
+    assert_streams_equal,
+    first_difference,
+    reseed_globals,
+    take,
+)
 
 C8 = 8
 
@@ -47,78 +52,11 @@ def reference(lanes: int, n: int) -> list:
     return list(_reference(lanes, n))
 
 
-class Job:
-    """``D`` simulated data-parallel ranks (times ``mp`` model-parallel peers each).
+def Job(build_fn: Callable, D: int, W: int | list[int], state=None, *, mp: int = 1,
+        loader_kwargs: dict | None = None) -> SimulatedRanks:
+    """``D`` simulated data-parallel ranks (times ``mp`` peers), ``W`` workers each."""
+    return SimulatedRanks(build_fn, D, W, state, mp=mp, loader_kwargs=loader_kwargs)
 
-    Peers of DP rank ``d`` are global ranks ``d*mp .. d*mp+mp-1``. ``workers`` gives each
-    global rank's DataLoader worker count (0: iterate the pipeline directly)."""
-
-    def __init__(self, build_fn: Callable, D: int, W: int | list[int], state=None, *,
-                 mp: int = 1, loader_kwargs: dict | None = None):
-        self.D, self.mp = D, mp
-        world = D * mp
-        workers = W if isinstance(W, list) else [W] * world
-        self.pipes, self.loaders, self.iters = [], [], []
-        try:
-            for rank in range(world):
-                pipe = build_fn()
-                if mp == 1:
-                    pipe = pipe.bind(rank=rank, world_size=world)
-                else:
-                    pipe = pipe.bind(rank=rank, world_size=world, dp_rank=rank // mp, dp_size=D)
-                if state is not None:
-                    pipe.load_state_dict(copy.deepcopy(state))
-                self.pipes.append(pipe)
-                if workers[rank]:
-                    loader = pipe.dataloader(num_workers=workers[rank], **(loader_kwargs or {}))
-                    self.loaders.append(loader)
-                    self.iters.append(iter(loader))
-                else:
-                    self.loaders.append(None)
-                    self.iters.append(iter(pipe))
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def lanes(self) -> int:
-        return self.pipes[0].canonical_replicas
-
-    def step_all(self) -> list:
-        """One training step: the output of every global rank, in rank order."""
-        return [next(it) for it in self.iters]
-
-    def steps(self, n: int) -> list:
-        """``n`` steps of the global stream (one output per DP rank per step)."""
-        out = []
-        for _ in range(n):
-            outs = self.step_all()
-            out += outs[:: self.mp]
-        return out
-
-    def reports(self) -> list[dict]:
-        return [p.local_checkpoint() for p in self.pipes]
-
-    def checkpoint(self, through_bytes: bool = True) -> dict:
-        merged = merge_local_checkpoints(self.reports(), num_lanes=self.lanes)
-        if through_bytes:
-            merged = codec.decode(codec.encode(merged))
-        return merged
-
-    def close(self) -> None:
-        for it in self.iters:
-            it.close()          # loader iterators are generators: stops the workers
-        self.iters.clear()
-        self.loaders.clear()
-        for p in self.pipes:
-            p.close()
-        self.pipes.clear()
-
-    def __enter__(self) -> Job:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def run_global(lanes: int, D: int, W: int, steps: int, **kw) -> list:
@@ -133,7 +71,7 @@ def cut_and_resume(lanes: int, before: tuple[int, int], k: int, after: tuple[int
     build_fn = build_fn or (lambda: build(lanes))
     with Job(build_fn, *before) as job:
         head = job.steps(k)
-        state = job.checkpoint()
+        state = job.checkpoint(through_bytes=True)
     reseed_globals(salt)
     with Job(build_fn, *after, state=state) as job:
         tail = job.steps(more)
@@ -164,7 +102,7 @@ def test_model_parallel_peers_get_identical_batches_and_merge():
     with Job(build_fn, D=2, W=0, mp=2) as job:
         stream = []
         for _ in range(5):
-            outs = job.step_all()
+            outs = job.step()
             assert first_difference(outs[0], outs[1]) is None  # peers of dp_rank 0
             assert first_difference(outs[2], outs[3]) is None  # peers of dp_rank 1
             stream += [outs[0], outs[2]]
@@ -203,7 +141,7 @@ def test_model_parallel_peers_with_different_worker_counts_see_the_same_data():
     with Job(lambda: build(4), D=2, W=[0, 2, 2, 0], mp=2) as job:
         stream = []
         for _ in range(6):
-            outs = job.step_all()
+            outs = job.step()
             assert first_difference(outs[0], outs[1]) is None
             assert first_difference(outs[2], outs[3]) is None
             stream += [outs[0], outs[2]]
@@ -276,11 +214,11 @@ def test_resume_twice_across_three_topologies():
     ref = reference(C8, 6 + 5 + 4 * 4)
     with Job(lambda: build(), 2, 2) as job:
         out = job.steps(3)
-        s1 = job.checkpoint()
+        s1 = job.checkpoint(through_bytes=True)
     reseed_globals(3)
     with Job(lambda: build(), 1, 0, state=s1) as job:
         out += job.steps(5)
-        s2 = job.checkpoint()
+        s2 = job.checkpoint(through_bytes=True)
     assert s2["position"] == 11
     reseed_globals(4)
     with Job(lambda: build(), 4, 1, state=s2) as job:
@@ -326,7 +264,7 @@ def test_prefetched_unconsumed_batches_are_reproduced_two_ranks():
     with job:
         head = job.steps(k)
         time.sleep(0.3)
-        state = job.checkpoint()
+        state = job.checkpoint(through_bytes=True)
     assert_streams_equal(ref[:2 * k], head, "head")
     reseed_globals(7)
     with Job(lambda: build(), 2, 2, state=state,
@@ -430,7 +368,7 @@ def test_reiterating_a_restored_loader():
     ref = reference(C8, 20)
     with Job(lambda: build(), 2, 0) as job:
         job.steps(2)
-        state = job.checkpoint()
+        state = job.checkpoint(through_bytes=True)
     pipe = build().bind(rank=1, world_size=2)
     pipe.load_state_dict(state)
     loader = pipe.dataloader(num_workers=2)
@@ -453,9 +391,9 @@ def test_reiterating_a_restored_loader():
 def test_reports_from_different_steps_are_rejected():
     with Job(lambda: build(prefetch=0), 2, 0) as job:
         job.steps(2)
-        r0 = job.pipes[0].local_checkpoint()
+        r0 = job.handles[0].local_checkpoint()
         next(job.iters[1])                  # rank 1 is one step further
-        r1 = job.pipes[1].local_checkpoint()
+        r1 = job.handles[1].local_checkpoint()
     with pytest.raises(IncompatibleCheckpoint, match="different steps") as ei:
         merge_local_checkpoints([r0, r1], num_lanes=C8)
     assert "rank 0: 4" in str(ei.value) and "rank 1: 6" in str(ei.value)
@@ -467,9 +405,9 @@ def test_lane_progress_inconsistent_with_one_position_is_rejected():
     it is an error, not a guess."""
     with Job(lambda: build(prefetch=0), 2, 0) as job:
         job.steps(2)
-        r0 = job.pipes[0].local_checkpoint()
+        r0 = job.handles[0].local_checkpoint()
         job.steps(1)
-        r1 = job.pipes[1].local_checkpoint()
+        r1 = job.handles[1].local_checkpoint()
     r1 = copy.deepcopy(r1)
     r1["state"]["position"] = r0["state"]["position"]
     fresh = build()
@@ -485,7 +423,7 @@ def test_lane_progress_inconsistent_with_one_position_is_rejected():
     # a merged checkpoint whose lane progress was edited is refused at restore, naming the lane
     with Job(lambda: build(prefetch=0), 1, 0) as job:
         job.steps(6)
-        state = job.checkpoint()
+        state = job.checkpoint(through_bytes=True)
     bad = copy.deepcopy(state)
     bad["lanes"][3]["delivered"] += 1
     fresh = build()
@@ -515,7 +453,7 @@ def test_report_with_the_wrong_lane_mapping_is_a_topology_error():
     finally:
         other.close()
     with Job(lambda: build(prefetch=0), 2, 0) as job:
-        r0 = job.pipes[0].local_checkpoint()
+        r0 = job.handles[0].local_checkpoint()
     assert sorted(ls["lane"] for ls in rep["state"]["lanes"]) == [1, 5]
     rep = dict(rep, dp_rank=1, dp_size=2)
     with pytest.raises(TopologyError) as ei:

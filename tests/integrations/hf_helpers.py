@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
-from helpers import byte_tokenize, reference_pipeline, source
+from helpers import batch_digest, byte_tokenize, reference_pipeline, source
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from zephon_core import Pipeline
@@ -14,11 +12,7 @@ KEYS = ("input_ids", "attention_mask", "labels")  # what the model sees of a Zep
 
 
 def fingerprint(batch: dict) -> str:
-    h = hashlib.sha256()
-    for k in KEYS:
-        if batch.get(k) is not None:
-            h.update(batch[k].cpu().numpy().tobytes())
-    return h.hexdigest()[:12]
+    return batch_digest(batch, KEYS)
 
 
 def make_pipeline() -> Pipeline:

@@ -8,13 +8,12 @@ importlib mode and is not importable by name from a spawned process.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from helpers import reference_pipeline
+from helpers import batch_digest, reference_pipeline
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from zephon_core import Pipeline
@@ -29,18 +28,7 @@ def make_pipeline() -> Pipeline:
     return reference_pipeline(lanes=LANES)
 
 
-def fingerprint(batch: dict[str, Any]) -> str:
-    """A digest of every tensor of a batch (keys in order)."""
-    h = hashlib.sha256()
-    for key in sorted(batch):
-        value = batch[key]
-        h.update(key.encode())
-        if isinstance(value, torch.Tensor):
-            h.update(str(tuple(value.shape)).encode())
-            h.update(value.detach().cpu().contiguous().numpy().tobytes())
-        else:
-            h.update(repr(value).encode())
-    return h.hexdigest()[:16]
+fingerprint = batch_digest  # a digest of every tensor of a batch (keys in order)
 
 
 _GLOBAL: list[str] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
+from helpers import byte_tokenize
 
 from zephon_core import ConfigError, Pipeline, StaticMixtureWorkSource
 from zephon_core.testing import assert_resume_equivalent, take
@@ -93,9 +94,7 @@ def test_streaming_and_unknown_inputs_are_refused_with_the_fix():
 
 
 def _build(comps) -> Pipeline:
-    def tok(row: dict) -> dict:
-        return {"input_ids": np.frombuffer(row["text"].encode(), np.uint8).astype(np.int32)}
-
+    tok = byte_tokenize
     src = StaticMixtureWorkSource(comps, {"a": 0.6, "b": 0.4}, chunk_size=8, seed=5)
     return (Pipeline(src, canonical_replicas=2, seed=5).fetch(parallelism=2)
             .map(tok, parallelism=2).split(24).pack(24, bins=3).shuffle(8).batch(2))

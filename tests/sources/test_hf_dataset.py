@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datasets
-import numpy as np
+from helpers import byte_tokenize
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
 from zephon_core.testing import assert_resume_equivalent, take
@@ -29,8 +29,7 @@ def _hf(n: int, prefix: str) -> datasets.Dataset:
                                        "idx": list(range(n))})
 
 
-def _tokenize(row: dict) -> dict:
-    return {"input_ids": np.frombuffer(row["text"].encode(), np.uint8).astype(np.int32)}
+_tokenize = byte_tokenize
 
 
 def _build(a, b) -> Pipeline:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from helpers import source
+from helpers import byte_tokenize, source
 
 from zephon_core import Pipeline
 from zephon_core.checkpoint.state import Delivery, LaneState
@@ -310,9 +310,7 @@ def _trailing_state():
     raise AssertionError("no checkpoint with a trailing boundary in 400 outputs")
 
 
-def _tok(payload):
-    import numpy as np
-    return {"input_ids": np.frombuffer(payload["text"].encode(), np.uint8).astype(np.int32)}
+_tok = byte_tokenize
 
 
 def _build_trailing():

@@ -1,5 +1,6 @@
 """Test helpers users call on their own pipelines and operators."""
 
+from .ranks import SimulatedRanks
 from .resume import (
                      ResumeMismatch,
                      ResumeReport,
@@ -10,5 +11,5 @@ from .resume import (
                      take,
 )
 
-__all__ = ["assert_resume_equivalent", "assert_streams_equal", "first_difference",
+__all__ = ["SimulatedRanks", "assert_resume_equivalent", "assert_streams_equal", "first_difference",
            "reseed_globals", "take", "ResumeMismatch", "ResumeReport"]

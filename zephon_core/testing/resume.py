@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..checkpoint import codec
+from .ranks import SimulatedRanks
 
 
 @dataclass
@@ -87,55 +88,6 @@ def reseed_globals(salt: int) -> None:
     torch.manual_seed(0xBAD5EED ^ salt)
 
 
-class _Consumer:
-    """Consumes a pipeline as ``dp_size`` ranks with ``num_workers`` DataLoader workers each,
-    all inside this process, and yields the global stream (rank outputs interleaved).
-
-    The ranks advance in lockstep: a step is delivered only when every rank has an output
-    for it, which is how real ranks end a finite stream (``distributed/finite_end.py``).
-    """
-
-    def __init__(self, build_fn: Callable[[], Any], dp_size: int, num_workers: int,
-                 state: dict | None = None):
-        self.num_workers = num_workers
-        pipes = [build_fn() if dp_size == 1 else build_fn().bind(rank=r, world_size=dp_size)
-                 for r in range(dp_size)]
-        self.handles = [p.dataloader(num_workers=num_workers, restore=state) if num_workers
-                        else p.iterate(restore=state) for p in pipes]
-        self.its = [iter(h) for h in self.handles]
-
-    def take(self, n: int) -> list[Any]:
-        out: list[Any] = []
-        if len(self.its) == 1:
-            return list(itertools.islice(self.its[0], n))
-        while len(out) < n:
-            steps = [it._prepare() for it in self.its]
-            if any(s is None for s in steps):
-                for it in self.its:
-                    it._end()
-                return out
-            out.extend(it._commit(s) for it, s in zip(self.its, steps))
-        return out
-
-    def checkpoint(self) -> dict:
-        if len(self.handles) == 1:
-            return self.handles[0].checkpoint()
-        from ..distributed import merge_local_checkpoints
-
-        return merge_local_checkpoints([h.local_checkpoint() for h in self.handles],
-                                       self.handles[0]._pipeline.canonical_replicas)
-
-    @property
-    def chunks_replayed(self) -> int:
-        """Chunks replayed on restore (-1: unknown, counted inside worker processes)."""
-        return sum(h.chunks_replayed for h in self.handles) if not self.num_workers else -1
-
-    def close(self) -> None:
-        self.its = []
-        for h in self.handles:
-            h.close()
-
-
 def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[int],
                              total: int | None = None, *, num_workers: int = 0,
                              dp_size: int = 1, resume_num_workers: int | None = None,
@@ -181,7 +133,7 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
     rw = num_workers if resume_num_workers is None else resume_num_workers
     single = reference
     if dp_size > 1:  # the ranks' own uninterrupted stream: a prefix of the single one
-        whole = _Consumer(build_fn, dp_size, num_workers)
+        whole = SimulatedRanks(build_fn, dp_size, num_workers)
         try:
             reference = whole.take(total)
         finally:
@@ -194,7 +146,7 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         if cut % dp_size or cut % rd:
             raise ValueError(f"cut point {cut} is not a multiple of dp_size {dp_size}/{rd}: "
                              "ranks checkpoint at the same step")
-        first = _Consumer(build_fn, dp_size, num_workers)
+        first = SimulatedRanks(build_fn, dp_size, num_workers)
         try:
             head = first.take(cut)
             state = first.checkpoint()
@@ -205,7 +157,7 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
         if through_bytes:
             state = codec.decode(data)
         reseed_globals(cut)
-        second = _Consumer(build_fn, rd, rw, state)
+        second = SimulatedRanks(build_fn, rd, rw, state)
         try:
             again = second.checkpoint()
             d = first_difference(state, again)

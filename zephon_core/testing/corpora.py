@@ -1,4 +1,5 @@
-"""Real text that ships with every Python: the embedded default mixture.
+"""Real text that ships with every Python: the embedded default mixture of the examples,
+the benchmarks and your own experiments (not part of the engine).
 
 ``prose()`` is the documentation of ``pydoc_data.topics`` (one document per
 topic) and ``code()`` is the standard library's own source (one document per
