@@ -1,4 +1,4 @@
-"""Records, sample cursors, contributor metadata and tombstones.
+"""Records, sample cursors, contributor metadata and tombstones (``docs/design.md`` §3).
 
 A :class:`Record` is a payload plus the metadata the tracker needs:
 

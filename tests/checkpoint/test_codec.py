@@ -1,6 +1,6 @@
 """Checkpoint bytes: msgpack + zstd behind a magic header, atomic file writes.
 
-SPEC 7: a truncated or corrupted file is an error (CorruptCheckpoint), never
+docs/design.md §8: a truncated or corrupted file is an error (CorruptCheckpoint), never
 a silent fresh start; reading never executes code and bounds decompressed
 size, so hostile input yields a typed error, not a crash or a hang.
 """

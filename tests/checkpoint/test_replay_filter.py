@@ -1,9 +1,9 @@
 """The replay filter: drops the consumed prefix by cursor *equality*, as tombstones.
 
-Seed page: "on resume the filter drops records until it sees a cursor equal
-to that target, drops the target too, and then forwards everything after
-it"; dropped records become tombstones; SPEC 7: divergence is detected
-(ReplayDivergence naming lane and target), never silent.
+docs/design.md §6: on resume the filter drops records until it sees the saved cursor
+(by equality), drops it too, and forwards everything after it; dropped records become
+tombstones; divergence is detected (ReplayDivergence naming lane and target), never
+silent.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Multi-rank checkpoint aggregation with real processes (seed page, "Multi-rank aggregation";
-SPEC section 7).
+"""Multi-rank checkpoint aggregation with real processes (docs/design.md §8,
+"Aggregation").
 
 Every rank is its own Python process (``agg_worker.py``), talking over loopback only:
 gloo process groups / TCPStores on free ports, FileStores and coordination

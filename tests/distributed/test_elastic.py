@@ -1,4 +1,4 @@
-"""Elastic determinism (SPEC §6) and checkpoint consistency with DataLoader workers (§5).
+"""Elastic determinism (docs/design.md §7) and checkpoint consistency with DataLoader workers (§5).
 
 D data-parallel ranks are simulated inside this one process: D pipelines, each bound to its
 rank, iterated directly (W=0) or through ``pipe.dataloader(num_workers=W)``. The global
@@ -151,7 +151,7 @@ def test_model_parallel_peers_with_different_worker_counts_see_the_same_data():
 @pytest.mark.parametrize("other", ["dataloader0", "prefetch0"])
 def test_model_parallel_peer_reports_do_not_depend_on_pump_progress(other):
     """Peers that consumed identical data hold identical checkpoints, whatever their pump
-    threads fetched ahead (SPEC §5: a checkpoint is defined by delivered outputs; §7: the
+    threads fetched ahead (docs/design.md §5: a checkpoint is defined by delivered outputs; §8: the
     leader checks that peers agree). Peer 0 iterates directly with the default prefetch and
     is given time to pump ahead; peer 1 consumes the same outputs through
     ``dataloader(num_workers=0)`` (or without a pump thread). Merging must succeed and the
@@ -491,7 +491,7 @@ def test_finite_stream_through_loader_is_the_plain_stream(W):
 @pytest.mark.parametrize("W", [0, 1])   # W=2 also reorders the tail (test above)
 def test_finite_stream_loader_checkpoint_after_a_lane_ended(W):
     """A checkpoint taken through the loader after some lanes ended (and after the very end)
-    must be restorable and continue the stream exactly (SPEC §7: after the end it restores to
+    must be restorable and continue the stream exactly (docs/design.md §8: after the end it restores to
     an exhausted iterator)."""
     plain = _finite()
     try:

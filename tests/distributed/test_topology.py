@@ -1,4 +1,4 @@
-"""Lane assignment (SPEC §6): which rank and which DataLoader worker serves which lane.
+"""Lane assignment (docs/design.md §7): which rank and which DataLoader worker serves which lane.
 
 Global output position g belongs to lane g mod C. With D data-parallel ranks starting at
 global position g0, rank r owns the lanes l with (l - g0) mod D == r and visits them in the

@@ -1,5 +1,5 @@
 """Bounded recovery: checkpoint size, chunks replayed and ledger length do not
-grow with the number of steps taken (seed page: "a handful of them regardless
+grow with the number of steps taken (docs/design.md §6: "a handful of them regardless
 of how far into training you are"), and resume stays exact."""
 
 from __future__ import annotations

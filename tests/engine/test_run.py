@@ -387,7 +387,7 @@ def test_stats_after_restore_reports_replayed_chunks():
 
 
 def test_stats_report_records_per_second_per_operator():
-    """SPEC 1: stats() has records/s per operator (keyed by operator name)."""
+    """docs/design.md §5: stats() has records/s per operator (keyed by operator name)."""
     pipe = reference_pipeline(prefetch=0)
     take(pipe, 20)
     s = pipe.stats()

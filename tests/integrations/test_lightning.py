@@ -1,4 +1,4 @@
-"""ZephonDataModule under Lightning: exact resume through ``ckpt_path`` (SPEC §8).
+"""ZephonDataModule under Lightning: exact resume through ``ckpt_path`` (docs/design.md §9).
 
 Every run records, in ``training_step``, a fingerprint of each batch it trains on. A
 run resumed from a checkpoint (fresh Trainer, fresh model, fresh ZephonDataModule)
@@ -159,7 +159,7 @@ def test_resume_from_checkpoints_written_at_validation_end(tmp_path, num_workers
 def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(tmp_path):
     """``trainer.estimated_stepping_batches`` read in configure_optimizers with a finite
     max_epochs makes Lightning build the train loader during strategy setup, before it
-    restores its loops (SPEC §8 names this case; Lightning's own loader-state restore is
+    restores its loops (docs/design.md §9 names this case; Lightning's own loader-state restore is
     then not what resumes the stream): the resumed stream must still be exact."""
     kw = dict(read_stepping_batches=True, trainer_kwargs={"max_epochs": 1})
     full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), **kw)

@@ -1,4 +1,4 @@
-"""pack: online first-fit packing, exactly as SPEC §4 states it.
+"""pack: online first-fit packing, exactly as ops/pack.py states it (docs/design.md §4).
 
 * a fragment goes into the lowest-index bin with room;
 * a bin that becomes exactly full is emitted;
@@ -159,7 +159,7 @@ def test_traits():
     assert not PackOp.traits.preserves_cursor_order and not PackOp.traits.stateless
 
 
-# -- the seed page's example: why accumulators must be flushed -----------------------
+# -- docs/design.md §6: why accumulators must be flushed -----------------------
 
 def _phase_run(prefix_sizes, n):
     """A 2-bin packer of capacity 10, brought into a state by ``prefix_sizes``, then fed

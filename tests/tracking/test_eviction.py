@@ -1,4 +1,4 @@
-"""LaneTracker: the eviction rule, with the seed page's own scenarios.
+"""LaneTracker: the eviction rule (docs/design.md §6), with its scenarios.
 
 Every scenario is built from a real tracker, real WorkChunks and deliveries
 (``LaneTracker.deliver`` with contributor metadata, as the lane stream calls

@@ -1,10 +1,10 @@
 """ChunkProgress: per-offset completion of one chunk (bitmap + popcount).
 
-Seed page, "Per-offset tracking": an offset only closes once all of its
+docs/design.md §3, "closes": an offset only closes once all of its
 children have been delivered (is_last_child marks the last one, tombstones
 count as delivered); a bitmap per chunk records closed offsets with a
 popcount alongside so that "is this chunk complete?" stays O(1).
-SPEC 3: count per child; do not assume children arrive in order.
+docs/design.md §3: count per child; do not assume children arrive in order.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_bitmap_and_popcount_track_single_child_offsets():
     assert p.popcount == 0 and not p.complete
     assert bytes(p.closed) == b"\x00\x00\x00\x00"
 
-    # The seed's chunk 5: [x] [x] [ ] [x]
+    # docs/design.md §6, chunk 5: [x] [x] [ ] [x]
     for off in (0, 1, 3):
         p.close_child(off, 0, True)
     assert list(p.closed) == [1, 1, 0, 1]

@@ -1,4 +1,5 @@
 """Checkpoint bytes: msgpack inside zstd behind a magic header; atomic file writes.
+(``docs/design.md`` §8)
 
 Decoding never executes code (no pickle) and bounds the decompressed size,
 so a hostile or corrupted file yields :class:`CorruptCheckpoint`.

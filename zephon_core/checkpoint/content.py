@@ -1,4 +1,5 @@
 """Content fingerprints: cheap digests of the data and of the user's functions.
+(``docs/design.md`` §8)
 
 The configuration fingerprint (``fingerprint.py``) sees names, lengths, weights and
 operator parameters. It cannot see rows edited in place, a reordered dataset of the

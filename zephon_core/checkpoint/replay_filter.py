@@ -1,4 +1,4 @@
-"""The replay filter: drops the prefix the consumer already received.
+"""The replay filter: drops the prefix the consumer already received (``docs/design.md`` §6).
 
 Compile inserts it immediately before ``batch`` (or at the tail) and names it
 after that neighbour (``batch_replay_filter``). Each lane has its own instance, which

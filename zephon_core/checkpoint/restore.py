@@ -1,4 +1,5 @@
 """Admitting a checkpoint into a pipeline: every check happens before any work.
+(``docs/design.md`` §8)
 
 :func:`admit` is the one gate every restore passes (``load_state_dict``,
 ``iterate(restore=)``, ``dataloader(restore=)``, the integrations):

@@ -1,4 +1,4 @@
-"""The checkpoint schema: typed, versioned, read strictly.
+"""The checkpoint schema: typed, versioned, read strictly (``docs/design.md`` §6, §8).
 
 A pipeline state is a plain dict (ints, strs, lists, bools, None) so it can
 be stored by msgpack, ``torch.save`` or a trainer's own checkpoint:

@@ -1,4 +1,5 @@
 """The value digest: a cheap checksum of one record's values, checked during replay.
+(``docs/design.md`` §6)
 
 The replay filter matches the saved cursor by position. If the data or a function
 changed since the checkpoint in a way the content fingerprints did not see (an edit

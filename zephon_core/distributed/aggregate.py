@@ -1,4 +1,5 @@
 """The aggregation protocol: every rank's checkpoint() returns the merged state of all lanes.
+(``docs/design.md`` §8)
 
 One round, over a shared directory or a torch Store (same protocol):
 

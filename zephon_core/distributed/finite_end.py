@@ -1,4 +1,4 @@
-"""Where a finite stream ends when several data-parallel ranks consume it.
+"""Where a finite stream ends when several data-parallel ranks consume it (``docs/design.md`` §7).
 
 The global stream is the sequence of positions g = 0, 1, 2, ...; position g is lane
 ``g mod C``'s next output, or nothing once that lane has ended. One process (any

@@ -1,4 +1,5 @@
 """Topology: which process serves which lanes, so the global stream never depends on it.
+(``docs/design.md`` §7)
 
 ``canonical_replicas = C`` lanes define the data order; global output position
 ``g`` belongs to lane ``g mod C``. With ``D`` data-parallel ranks, the ranks

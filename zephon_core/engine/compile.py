@@ -1,4 +1,4 @@
-"""compile(): validate a pipeline description and plan how it runs.
+"""compile(): validate a pipeline description and plan how it runs (``docs/design.md`` §5).
 
 * eviction mode -- monotone when every operator keeps cursor order, else
   epoch-based; ``flush_every_k_chunks`` is validated against it;

@@ -1,4 +1,4 @@
-"""Handles: the objects that own a running stream.
+"""Handles: the objects that own a running stream (``docs/design.md`` §5).
 
 A :class:`~zephon_core.Pipeline` is a frozen description. Iterating it returns a
 handle that owns the run and is the one place to ask for its state:

@@ -1,6 +1,6 @@
 """One lane's stream: source -> stages -> outputs, each carrying its lane state.
 
-The engine source stream works in two phases (``docs/design.md``, "Replay"):
+The engine source stream works in two phases (``docs/design.md`` §6):
 
 1. restored inflight chunks are yielded first, by chunk id, with flush
    sentinels re-injected at the stored boundaries;

@@ -1,4 +1,4 @@
-"""Pipeline: the frozen description of a data pipeline.
+"""Pipeline: the frozen description of a data pipeline (``docs/design.md`` §5).
 
 A ``Pipeline`` describes; it does not run. Builder methods, :meth:`Pipeline.bind` and
 :meth:`Pipeline.with_options` return new pipelines, and setting an attribute raises.

@@ -1,4 +1,5 @@
 """A running pipeline: lane streams, the pump, and the consumer's view of progress.
+(``docs/design.md`` §5)
 
 The consumer takes outputs round-robin over the lanes this process owns (see
 ``distributed/topology.py``); after each one it adopts the state that

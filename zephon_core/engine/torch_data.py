@@ -1,4 +1,4 @@
-"""PyTorch DataLoader integration: worker states travel with their batches.
+"""PyTorch DataLoader integration: worker states travel with their batches (``docs/design.md`` §5).
 
 ``pipe.torch_dataset()`` is a torch ``IterableDataset``; in each DataLoader
 worker it serves that worker's share of this rank's lanes and yields

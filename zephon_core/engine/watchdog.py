@@ -1,4 +1,5 @@
 """The stall watchdog: no output for ``stall_timeout_s`` is an error, never a hang.
+(``docs/design.md`` §5)
 
 Three places watch the clock, each where the waiting happens:
 

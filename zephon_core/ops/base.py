@@ -1,4 +1,4 @@
-"""The operator contract.
+"""The operator contract (``docs/design.md`` §4).
 
 An operator turns one lane's records into records. Compile binds one *template* per
 operator; every lane of a run gets its own instance, ``template.for_lane(lane)``, and

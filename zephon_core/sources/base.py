@@ -1,4 +1,4 @@
-"""The WorkSource contract.
+"""The WorkSource contract (``docs/design.md`` §2).
 
 A :class:`WorkSource` produces the work of one lane as a sequence of
 :class:`~zephon_core.sources.chunk.WorkChunk`. A :class:`SourceSpec` is what a

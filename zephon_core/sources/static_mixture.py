@@ -1,4 +1,5 @@
 """StaticMixtureWorkSource: a fixed-weight mixture of random-access datasets.
+(``docs/design.md`` §2)
 
 Why this shape: a lane's position must be restorable in O(1) from a few
 integers, whatever the dataset sizes and however far training went. So each

@@ -1,4 +1,4 @@
-"""The eviction rule: which of a lane's chunks have left the inflight set.
+"""The eviction rule: which of a lane's chunks have left the inflight set (``docs/design.md`` §6).
 
 The tracker runs on the producing side and sees a lane's outputs in exactly
 the order the consumer will receive them, so it can compute the lane's state

@@ -1,4 +1,5 @@
 """The ledger of a lane: the chunks a checkpoint would store, and what goes with them.
+(``docs/design.md`` §6)
 
 The producing side registers every chunk as it is pulled from the source --
 including chunks pumped far ahead of the consumer -- together with the source

@@ -1,4 +1,4 @@
-"""Per-offset completion tracking for one chunk: a bitmap plus a popcount.
+"""Per-offset completion tracking for one chunk: a bitmap plus a popcount (``docs/design.md`` §3).
 
 An offset closes once all of its children were delivered or tombstoned:
 children 0..k where child k carries ``is_last_child``. Children are counted,
