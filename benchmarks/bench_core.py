@@ -21,20 +21,31 @@ from zephon_core.checkpoint import codec
 
 def bench_overhead(n: int = 3000) -> dict:
     res = {}
-    variants = {"bar": (bar_pipeline, {}),
-                "reference (threads+pump)": (reference_pipeline, {}),
-                "reference (inline, no pump)": (reference_pipeline,
-                                                {"prefetch": 0, "parallelism": 1})}
+    variants = {
+        "bar": (bar_pipeline, {}),
+        "reference (threads+pump)": (reference_pipeline, {}),
+        "reference (inline, no pump)": (reference_pipeline, {"prefetch": 0, "parallelism": 1}),
+    }
     for name, (build, kw) in variants.items():
-        r = paired_throughput({"on": lambda b=build, k=kw: b(checkpointing=True, **k),
-                               "off": lambda b=build, k=kw: b(checkpointing=False, **k)}, n)
+        r = paired_throughput(
+            {
+                "on": lambda b=build, k=kw: b(checkpointing=True, **k),
+                "off": lambda b=build, k=kw: b(checkpointing=False, **k),
+            },
+            n,
+        )
         ratios = sorted(off / on for on, off in zip(r["on"], r["off"]))
-        res[name] = {"tracked_batches_per_s": round(statistics.median(r["on"])),
-                     "untracked_batches_per_s": round(statistics.median(r["off"])),
-                     "overhead_pct_median_of_paired_rounds":
-                         round(100 * (1 - 1 / statistics.median(ratios)), 1),
-                     "overhead_pct_range": [round(100 * (1 - 1 / ratios[0]), 1),
-                                            round(100 * (1 - 1 / ratios[-1]), 1)]}
+        res[name] = {
+            "tracked_batches_per_s": round(statistics.median(r["on"])),
+            "untracked_batches_per_s": round(statistics.median(r["off"])),
+            "overhead_pct_median_of_paired_rounds": round(
+                100 * (1 - 1 / statistics.median(ratios)), 1
+            ),
+            "overhead_pct_range": [
+                round(100 * (1 - 1 / ratios[0]), 1),
+                round(100 * (1 - 1 / ratios[-1]), 1),
+            ],
+        }
     return res
 
 
@@ -53,10 +64,14 @@ def bench_checkpoint(at: int = 1000, calls: int = 200) -> dict:
     enc = time.perf_counter() - t0
     lanes = len(state["lanes"])
     pipe.close()
-    return {"checkpoint_ms_median": round(1000 * statistics.median(lat), 3),
-            "encode_ms": round(1000 * enc, 3), "bytes": len(data), "lanes": lanes,
-            "bytes_per_lane": len(data) // lanes,
-            "inflight_chunks": sum(len(ls["chunks"]) for ls in state["lanes"])}
+    return {
+        "checkpoint_ms_median": round(1000 * statistics.median(lat), 3),
+        "encode_ms": round(1000 * enc, 3),
+        "bytes": len(data),
+        "lanes": lanes,
+        "bytes_per_lane": len(data) // lanes,
+        "inflight_chunks": sum(len(ls["chunks"]) for ls in state["lanes"]),
+    }
 
 
 def _restore_cost(at: int) -> dict:
@@ -75,17 +90,23 @@ def _restore_cost(at: int) -> dict:
         best = min(best, time.perf_counter() - t0)
         replayed = fresh.chunks_replayed
         fresh.close()
-    return {"restore_to_first_batch_ms": round(1000 * best, 1), "chunks_replayed": replayed,
-            "bytes": len(data)}
+    return {
+        "restore_to_first_batch_ms": round(1000 * best, 1),
+        "chunks_replayed": replayed,
+        "bytes": len(data),
+    }
 
 
 def bench_restore() -> dict:
     points = {at: _restore_cost(at) for at in (100, 1_000, 10_000, 30_000)}
     a, b = points[100], points[10_000]
-    return {**{f"at_{k}": v for k, v in points.items()},
-            "time_ratio_10000_vs_100": round(b["restore_to_first_batch_ms"]
-                                             / a["restore_to_first_batch_ms"], 2),
-            "bytes_ratio_10000_vs_100": round(b["bytes"] / a["bytes"], 2)}
+    return {
+        **{f"at_{k}": v for k, v in points.items()},
+        "time_ratio_10000_vs_100": round(
+            b["restore_to_first_batch_ms"] / a["restore_to_first_batch_ms"], 2
+        ),
+        "bytes_ratio_10000_vs_100": round(b["bytes"] / a["bytes"], 2),
+    }
 
 
 class VirtualRows:
@@ -99,8 +120,12 @@ class VirtualRows:
 
 
 def bench_source(chunks: int = 2000, chunk_size: int = 256) -> dict:
-    src = StaticMixtureWorkSource({"a": VirtualRows(), "b": VirtualRows()}, {"a": 0.7, "b": 0.3},
-                                  chunk_size=chunk_size, seed=1)
+    src = StaticMixtureWorkSource(
+        {"a": VirtualRows(), "b": VirtualRows()},
+        {"a": 0.7, "b": 0.3},
+        chunk_size=chunk_size,
+        seed=1,
+    )
     lane = src.open_lane(0, 8, 1)
     t0 = time.perf_counter()
     for _ in range(chunks):
@@ -116,14 +141,20 @@ def bench_source(chunks: int = 2000, chunk_size: int = 256) -> dict:
     t0 = time.perf_counter()
     src.open_lane(0, 8, 1).load_state_dict(st)
     restore = time.perf_counter() - t0
-    return {"pointers_per_s": round(chunks * chunk_size / dt),
-            "peak_traced_memory_kib": round(peak / 1024, 1),
-            "state_restore_us": round(restore * 1e6, 1)}
+    return {
+        "pointers_per_s": round(chunks * chunk_size / dt),
+        "peak_traced_memory_kib": round(peak / 1024, 1),
+        "state_restore_us": round(restore * 1e6, 1),
+    }
 
 
 def main() -> dict:
-    out = {"overhead": bench_overhead(), "checkpoint": bench_checkpoint(),
-           "restore": bench_restore(), "source_1e9_rows": bench_source()}
+    out = {
+        "overhead": bench_overhead(),
+        "checkpoint": bench_checkpoint(),
+        "restore": bench_restore(),
+        "source_1e9_rows": bench_source(),
+    }
     return out
 
 

@@ -65,7 +65,8 @@ def bench_aggregation(rounds: int = 20) -> dict:
                     lat = pickle.load(f)[2:]  # the first rounds include process warm-up
             res[f"{world}_ranks_{backend}"] = {
                 "round_ms_median": round(1000 * statistics.median(lat), 2),
-                "round_ms_max": round(1000 * max(lat), 2)}
+                "round_ms_max": round(1000 * max(lat), 2),
+            }
     return res
 
 
@@ -92,7 +93,7 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
 
     plain, carried = [], []
     for r in range(rounds):
-        for carry in ((False, True) if r % 2 == 0 else (True, False)):
+        for carry in (False, True) if r % 2 == 0 else (True, False):
             (carried if carry else plain).append(run_once(carry))
     p = reference_pipeline(prefetch=0, parallelism=1)
     run = iter(p).run
@@ -102,11 +103,14 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
         sizes.append(len(pickle.dumps(run.delta(run.last_lane))))
     p.close()
     per_batch_us = 1e6 * (statistics.median(carried) - statistics.median(plain)) / n
-    return {"cost_per_batch_us": round(per_batch_us, 1),
-            "cost_pct_of_cpu_time": round(100 * (statistics.median(carried)
-                                                 / statistics.median(plain) - 1), 1),
-            "delta_bytes_pickled_median": int(statistics.median(sizes)),
-            "delta_bytes_pickled_max": max(sizes)}
+    return {
+        "cost_per_batch_us": round(per_batch_us, 1),
+        "cost_pct_of_cpu_time": round(
+            100 * (statistics.median(carried) / statistics.median(plain) - 1), 1
+        ),
+        "delta_bytes_pickled_median": int(statistics.median(sizes)),
+        "delta_bytes_pickled_max": max(sizes),
+    }
 
 
 def bench_workers(n: int = 2000) -> dict:
@@ -116,8 +120,11 @@ def bench_workers(n: int = 2000) -> dict:
 
     w0 = throughput(lambda: build(0), n, repeats=2)
     w2 = throughput(lambda: build(2), n, repeats=2)
-    return {"W0_batches_per_s": round(w0), "W2_batches_per_s": round(w2),
-            "speedup_W2_vs_W0": round(w2 / w0, 2)}
+    return {
+        "W0_batches_per_s": round(w0),
+        "W2_batches_per_s": round(w2),
+        "speedup_W2_vs_W0": round(w2 / w0, 2),
+    }
 
 
 class _LoaderWorkers:
@@ -135,8 +142,11 @@ class _LoaderWorkers:
 
 
 def main() -> dict:
-    return {"aggregation": bench_aggregation(), "state_carrying": bench_state_carrying(),
-            "workers": bench_workers()}
+    return {
+        "aggregation": bench_aggregation(),
+        "state_carrying": bench_state_carrying(),
+        "workers": bench_workers(),
+    }
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ def main(chunks: int = 300, chunk: int = 64) -> dict:
     from zephon_integrations.hf import hf_component
 
     docs = list(corpora.prose()) + list(corpora.code())
-    ds = datasets.Dataset.from_dict({"text": [d["text"] for d in docs] * 20,
-                                     "id": [d["id"] for d in docs] * 20})
+    ds = datasets.Dataset.from_dict(
+        {"text": [d["text"] for d in docs] * 20, "id": [d["id"] for d in docs] * 20}
+    )
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, len(ds), chunk).tolist() for _ in range(chunks)]
     comp = hf_component(ds)
@@ -35,10 +36,14 @@ def main(chunks: int = 300, chunk: int = 64) -> dict:
     per_row = rate(lambda rows: [ds[i] for i in rows])
     getitems = rate(lambda rows: ds.__getitems__(rows))
     take = rate(comp.__getitems__)
-    return {"rows": len(ds), "per_row_rows_per_s": round(per_row),
-            "getitems_rows_per_s": round(getitems), "zephon_take_rows_per_s": round(take),
-            "speedup_vs_per_row": round(take / per_row, 1),
-            "speedup_vs_getitems": round(take / getitems, 1)}
+    return {
+        "rows": len(ds),
+        "per_row_rows_per_s": round(per_row),
+        "getitems_rows_per_s": round(getitems),
+        "zephon_take_rows_per_s": round(take),
+        "speedup_vs_per_row": round(take / per_row, 1),
+        "speedup_vs_getitems": round(take / getitems, 1),
+    }
 
 
 if __name__ == "__main__":

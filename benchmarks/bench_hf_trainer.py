@@ -29,14 +29,30 @@ def _callback_loader(tmp: str, dispatch: bool):
 
     from zephon_integrations.hf import ZephonCallback
 
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=512, n_embd=16, n_layer=1,
-                                       n_head=2, bos_token_id=0, eos_token_id=0))
-    args = TrainingArguments(output_dir=tmp, max_steps=10**6, per_device_train_batch_size=8,
-                             report_to=[], use_cpu=True, disable_tqdm=True,
-                             accelerator_config={"dispatch_batches": dispatch})
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=256,
+            n_positions=512,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=tmp,
+        max_steps=10**6,
+        per_device_train_batch_size=8,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        accelerator_config={"dispatch_batches": dispatch},
+    )
     zephon = ZephonCallback(bar_pipeline)
-    trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
-                      callbacks=[zephon])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon]
+    )
     loader = trainer.get_train_dataloader()
     zephon.on_train_begin(args, TrainerState(), TrainerControl(), train_dataloader=loader)
     return loader
@@ -46,20 +62,28 @@ def main(n: int = 1500, rounds: int = 5) -> dict:
     import tempfile
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    rates: dict[str, list[float]] = {"zephon_loader": [], "callback": [],
-                                     "callback_no_dispatch": []}
+    rates: dict[str, list[float]] = {
+        "zephon_loader": [],
+        "callback": [],
+        "callback_no_dispatch": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"zephon_loader": lambda: bar_pipeline().dataloader(),
-                  "callback": lambda: _callback_loader(tmp, True),
-                  "callback_no_dispatch": lambda: _callback_loader(tmp, False)}
+        builds = {
+            "zephon_loader": lambda: bar_pipeline().dataloader(),
+            "callback": lambda: _callback_loader(tmp, True),
+            "callback_no_dispatch": lambda: _callback_loader(tmp, False),
+        }
         for _ in range(rounds):
             for name, build in builds.items():
                 rates[name].append(rate(build, n, warmup=20))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    return {"batches_per_s": {k: round(v) for k, v in med.items()},
-            "callback_vs_zephon_loader": round(med["callback"] / med["zephon_loader"], 2),
-            "no_dispatch_vs_zephon_loader":
-                round(med["callback_no_dispatch"] / med["zephon_loader"], 2)}
+    return {
+        "batches_per_s": {k: round(v) for k, v in med.items()},
+        "callback_vs_zephon_loader": round(med["callback"] / med["zephon_loader"], 2),
+        "no_dispatch_vs_zephon_loader": round(
+            med["callback_no_dispatch"] / med["zephon_loader"], 2
+        ),
+    }
 
 
 if __name__ == "__main__":

@@ -29,24 +29,32 @@ def slow_tokenize(payload: dict) -> dict:
 
 def build(runner: str, parallelism: int) -> Pipeline:
     # small chunks spread the tokenizing over the measured window (a chunk is a microbatch)
-    return (Pipeline(mixture_source(chunk_size=8), canonical_replicas=2,
-                     flush_every_k_chunks=4, seed=1)
-            .fetch()
-            .map(slow_tokenize, parallelism=parallelism, name="tokenize", runner=runner)
-            .split(max_len=512).pack(seq_len=512, bins=8).batch(batch_size=8))
+    return (
+        Pipeline(mixture_source(chunk_size=8), canonical_replicas=2, flush_every_k_chunks=4, seed=1)
+        .fetch()
+        .map(slow_tokenize, parallelism=parallelism, name="tokenize", runner=runner)
+        .split(max_len=512)
+        .pack(seq_len=512, bins=8)
+        .batch(batch_size=8)
+    )
 
 
 def main(n: int = 600, rounds: int = 2) -> dict:
-    configs = {"inline": ("threads", 1), "threads_p2": ("threads", 2),
-               "processes_p2": ("processes", 2)}
+    configs = {
+        "inline": ("threads", 1),
+        "threads_p2": ("threads", 2),
+        "processes_p2": ("processes", 2),
+    }
     rates: dict[str, list[float]] = {k: [] for k in configs}
     for _ in range(rounds):
         for name, (runner, p) in configs.items():
             rates[name].append(rate(partial(build, runner, p), n, warmup=10))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    return {"batches_per_s": {k: round(v, 1) for k, v in med.items()},
-            "processes_vs_threads": round(med["processes_p2"] / med["threads_p2"], 2),
-            "processes_vs_inline": round(med["processes_p2"] / med["inline"], 2)}
+    return {
+        "batches_per_s": {k: round(v, 1) for k, v in med.items()},
+        "processes_vs_threads": round(med["processes_p2"] / med["threads_p2"], 2),
+        "processes_vs_inline": round(med["processes_p2"] / med["inline"], 2),
+    }
 
 
 if __name__ == "__main__":

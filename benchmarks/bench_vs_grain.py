@@ -28,15 +28,16 @@ def _grain_pipeline(seed: int = 1234):
 
     def split(d):  # first-fit packing needs fragments <= 512 tokens, as in Zephon's split()
         ids = d["input_ids"]
-        return [{"input_ids": ids[i:i + SEQ]} for i in range(0, len(ids), SEQ)]
+        return [{"input_ids": ids[i : i + SEQ]} for i in range(0, len(ids), SEQ)]
 
     prose = grain.MapDataset.source(list(corpora.prose())).shuffle(seed=seed).repeat()
     code = grain.MapDataset.source(list(corpora.code())).shuffle(seed=seed + 1).repeat()
     mixed = grain.MapDataset.mix([prose, code], weights=[0.7, 0.3]).map(to_tokens)
     frags = _FlatMap(mixed.to_iter_dataset(), split)
     shuffled = ge.WindowShuffleIterDataset(frags, window_size=64, seed=seed)
-    packed = ge.FirstFitPackIterDataset(shuffled, length_struct={"input_ids": SEQ},
-                                        num_packing_bins=8, shuffle_bins=False)
+    packed = ge.FirstFitPackIterDataset(
+        shuffled, length_struct={"input_ids": SEQ}, num_packing_bins=8, shuffle_bins=False
+    )
     return packed.batch(8, drop_remainder=True)
 
 
@@ -63,7 +64,6 @@ class _FlatMap:
 
             def set_state(self, state):
                 raise NotImplementedError("not used by the throughput benchmark")
-
 
         class FlatDS(grain.IterDataset):
             def __iter__(self):
@@ -93,10 +93,12 @@ def main(n: int = 1500) -> dict:
     zephon = throughput(lambda: bar_pipeline(prefetch=0), n)
     zephon_pump = throughput(lambda: bar_pipeline(prefetch=3), n)
     g = grain_throughput(n)
-    return {"zephon_batches_per_s": round(zephon),
-            "zephon_pump_batches_per_s": round(zephon_pump),
-            "grain_batches_per_s": round(g),
-            "ratio_zephon_vs_grain": round(max(zephon, zephon_pump) / g, 2)}
+    return {
+        "zephon_batches_per_s": round(zephon),
+        "zephon_pump_batches_per_s": round(zephon_pump),
+        "grain_batches_per_s": round(g),
+        "ratio_zephon_vs_grain": round(max(zephon, zephon_pump) / g, 2),
+    }
 
 
 if __name__ == "__main__":

@@ -12,34 +12,56 @@ from zephon_core.testing import corpora
 
 
 def mixture_source(chunk_size: int = 64, seed: int = 1234) -> StaticMixtureWorkSource:
-    return StaticMixtureWorkSource({"prose": corpora.prose(), "code": corpora.code()},
-                                   {"prose": 0.7, "code": 0.3}, chunk_size=chunk_size, seed=seed)
+    return StaticMixtureWorkSource(
+        {"prose": corpora.prose(), "code": corpora.code()},
+        {"prose": 0.7, "code": 0.3},
+        chunk_size=chunk_size,
+        seed=seed,
+    )
 
 
 def bar_pipeline(checkpointing: bool = True, lanes: int = 1, prefetch: int = 3) -> Pipeline:
     """The bar: 0.7/0.3 prose/code -> byte tokens -> split -> shuffle 64 -> pack 512 -> batch 8."""
-    return (Pipeline(mixture_source(), canonical_replicas=lanes, flush_every_k_chunks=4,
-                     seed=1234, prefetch=prefetch, checkpointing=checkpointing)
-            .fetch()
-            .map(corpora.byte_tokens, name="byte_tokens")
-            .split(max_len=512)
-            .shuffle(buffer_size=64)
-            .pack(seq_len=512, bins=8)
-            .batch(batch_size=8))
+    return (
+        Pipeline(
+            mixture_source(),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=4,
+            seed=1234,
+            prefetch=prefetch,
+            checkpointing=checkpointing,
+        )
+        .fetch()
+        .map(corpora.byte_tokens, name="byte_tokens")
+        .split(max_len=512)
+        .shuffle(buffer_size=64)
+        .pack(seq_len=512, bins=8)
+        .batch(batch_size=8)
+    )
 
 
-def reference_pipeline(checkpointing: bool = True, lanes: int = 4, prefetch: int = 3,
-                       parallelism: int = 2, **kwargs) -> Pipeline:
+def reference_pipeline(
+    checkpointing: bool = True, lanes: int = 4, prefetch: int = 3, parallelism: int = 2, **kwargs
+) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
-    return (Pipeline(mixture_source(), canonical_replicas=lanes, flush_every_k_chunks=4,
-                     seed=1234, prefetch=prefetch, checkpointing=checkpointing, **kwargs)
-            .fetch(parallelism=parallelism)
-            .map(corpora.byte_tokens, parallelism=parallelism, name="tokenize")
-            .split(max_len=512)
-            .pack(seq_len=512, bins=8)
-            .shuffle(buffer_size=64)
-            .ensure_mixture(window=16)
-            .batch(batch_size=8))
+    return (
+        Pipeline(
+            mixture_source(),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=4,
+            seed=1234,
+            prefetch=prefetch,
+            checkpointing=checkpointing,
+            **kwargs,
+        )
+        .fetch(parallelism=parallelism)
+        .map(corpora.byte_tokens, parallelism=parallelism, name="tokenize")
+        .split(max_len=512)
+        .pack(seq_len=512, bins=8)
+        .shuffle(buffer_size=64)
+        .ensure_mixture(window=16)
+        .batch(batch_size=8)
+    )
 
 
 def rate(build: Callable[[], Any], n: int, warmup: int) -> float:
@@ -57,14 +79,14 @@ def rate(build: Callable[[], Any], n: int, warmup: int) -> float:
     return per_s
 
 
-def throughput(build: Callable[[], Pipeline], n: int, warmup: int = 50,
-               repeats: int = 3) -> float:
+def throughput(build: Callable[[], Pipeline], n: int, warmup: int = 50, repeats: int = 3) -> float:
     """Best-of-``repeats`` outputs/s over ``n`` outputs after ``warmup``."""
     return max(rate(build, n, warmup) for _ in range(repeats))
 
 
-def paired_throughput(builds: dict[str, Callable[[], Pipeline]], n: int, warmup: int = 50,
-                      rounds: int = 8) -> dict[str, list[float]]:
+def paired_throughput(
+    builds: dict[str, Callable[[], Pipeline]], n: int, warmup: int = 50, rounds: int = 8
+) -> dict[str, list[float]]:
     """Outputs/s of each variant per round, variants interleaved round by round (order
     alternating) so that machine noise hits all of them alike."""
     rates: dict[str, list[float]] = {name: [] for name in builds}

@@ -16,8 +16,16 @@ import bench_runners  # noqa: E402
 import bench_vs_grain  # noqa: E402
 
 if __name__ == "__main__":
-    print(json.dumps({"vs_grain": bench_vs_grain.main(), "core": bench_core.main(),
-                      "distributed": bench_distributed.main(), "hf_fetch": bench_hf.main(),
-                      "hf_trainer_data_path": bench_hf_trainer.main(),
-                      "runners_gil_bound_map": bench_runners.main()},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "vs_grain": bench_vs_grain.main(),
+                "core": bench_core.main(),
+                "distributed": bench_distributed.main(),
+                "hf_fetch": bench_hf.main(),
+                "hf_trainer_data_path": bench_hf_trainer.main(),
+                "runners_gil_bound_map": bench_runners.main(),
+            },
+            indent=2,
+        )
+    )

@@ -15,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).parents[1] / "tests"),
-                str(Path(__file__).parents[1] / "tests" / "engine")]
+sys.path[:0] = [
+    str(Path(__file__).parents[1] / "tests"),
+    str(Path(__file__).parents[1] / "tests" / "engine"),
+]
 
 from test_processes_stress import random_case, run_case  # noqa: E402
 

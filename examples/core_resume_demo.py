@@ -53,8 +53,9 @@ def run_phase(args: argparse.Namespace) -> None:
             first = next(it)
             out["restore_to_first_batch_s"] = time.perf_counter() - t0
             out["chunks_replayed"] = it.chunks_replayed
-            out["fingerprints"] = [fingerprint(first)] + [fingerprint(next(it))
-                                                           for _ in range(TOTAL - CUT - 1)]
+            out["fingerprints"] = [fingerprint(first)] + [
+                fingerprint(next(it)) for _ in range(TOTAL - CUT - 1)
+            ]
     Path(args.result).write_text(json.dumps(out))
 
 
@@ -73,22 +74,37 @@ def main() -> None:
             reference = [fingerprint(next(it)) for _ in range(TOTAL)]
             elapsed = time.perf_counter() - t0
             stats = it.stats()
-        print(f"uninterrupted run: {TOTAL} batches of {BATCH}x{SEQ_LEN} in {elapsed:.2f}s "
-              f"({TOTAL / elapsed:.0f} batches/s), padding {stats['padding_ratio']:.1%}, "
-              "token share " + ", ".join(f"{k} {v:.1%}" for k, v in
-                                          stats["mixture_share"].items()))
+        print(
+            f"uninterrupted run: {TOTAL} batches of {BATCH}x{SEQ_LEN} in {elapsed:.2f}s "
+            f"({TOTAL / elapsed:.0f} batches/s), padding {stats['padding_ratio']:.1%}, "
+            "token share " + ", ".join(f"{k} {v:.1%}" for k, v in stats["mixture_share"].items())
+        )
         results = {}
         for phase in ("head", "tail"):
             res = d / f"{phase}.json"
-            subprocess.run([sys.executable, __file__, "--phase", phase, "--tokenizer",
-                            str(tok_path), "--checkpoint", str(ckpt), "--result", str(res)],
-                           check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--phase",
+                    phase,
+                    "--tokenizer",
+                    str(tok_path),
+                    "--checkpoint",
+                    str(ckpt),
+                    "--result",
+                    str(res),
+                ],
+                check=True,
+            )
             results[phase] = json.loads(res.read_text())
         resumed = results["head"]["fingerprints"] + results["tail"]["fingerprints"]
-        print(f"interrupted run: process 1 stopped after batch {CUT} and saved "
-              f"{results['head']['checkpoint_bytes']} bytes; process 2 restored it, replayed "
-              f"{results['tail']['chunks_replayed']} inflight chunks and had its first batch "
-              f"after {results['tail']['restore_to_first_batch_s'] * 1000:.0f} ms")
+        print(
+            f"interrupted run: process 1 stopped after batch {CUT} and saved "
+            f"{results['head']['checkpoint_bytes']} bytes; process 2 restored it, replayed "
+            f"{results['tail']['chunks_replayed']} inflight chunks and had its first batch "
+            f"after {results['tail']['restore_to_first_batch_s'] * 1000:.0f} ms"
+        )
         diverged = [i for i, (a, b) in enumerate(zip(reference, resumed)) if a != b]
         for i in (CUT - 2, CUT - 1, CUT, CUT + 1):
             mark = "==" if reference[i] == resumed[i] else "!="

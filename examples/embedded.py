@@ -22,8 +22,11 @@ def train_tokenizer(path: Path, vocab_size: int = 2048) -> None:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     texts = [d["text"] for d in corpora.prose()] + [d["text"] for d in corpora.code()]
     tok.train_from_iterator(texts, trainer=trainer)
     tok.save(str(path))
@@ -55,16 +58,23 @@ class BatchTokenizer:
         return hashlib.sha256(Path(self.path).read_bytes()).hexdigest()[:32]
 
 
-def build_pipeline(tokenizer_path: Path, seq_len: int = 512, batch_size: int = 8,
-                   lanes: int = 4) -> Pipeline:
+def build_pipeline(
+    tokenizer_path: Path, seq_len: int = 512, batch_size: int = 8, lanes: int = 4
+) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
-    source = StaticMixtureWorkSource({"prose": corpora.prose(), "code": corpora.code()},
-                                     {"prose": 0.7, "code": 0.3}, chunk_size=16, seed=2026)
-    return (Pipeline(source, canonical_replicas=lanes, flush_every_k_chunks=2, seed=2026)
-            .fetch(parallelism=2)
-            .map(BatchTokenizer(tokenizer_path), parallelism=2, name="tokenize", batched=True)
-            .split(max_len=seq_len)
-            .pack(seq_len=seq_len, bins=8)
-            .shuffle(buffer_size=64)
-            .ensure_mixture(window=16)
-            .batch(batch_size=batch_size))
+    source = StaticMixtureWorkSource(
+        {"prose": corpora.prose(), "code": corpora.code()},
+        {"prose": 0.7, "code": 0.3},
+        chunk_size=16,
+        seed=2026,
+    )
+    return (
+        Pipeline(source, canonical_replicas=lanes, flush_every_k_chunks=2, seed=2026)
+        .fetch(parallelism=2)
+        .map(BatchTokenizer(tokenizer_path), parallelism=2, name="tokenize", batched=True)
+        .split(max_len=seq_len)
+        .pack(seq_len=seq_len, bins=8)
+        .shuffle(buffer_size=64)
+        .ensure_mixture(window=16)
+        .batch(batch_size=batch_size)
+    )

@@ -45,8 +45,9 @@ SEQ_LEN, BATCH = 128, 8
 def save_datasets(root: Path) -> dict[str, str]:
     paths = {}
     for name, docs in (("prose", corpora.prose()), ("code", corpora.code())):
-        ds = datasets.Dataset.from_dict({"text": [d["text"] for d in docs],
-                                         "id": [d["id"] for d in docs]})
+        ds = datasets.Dataset.from_dict(
+            {"text": [d["text"] for d in docs], "id": [d["id"] for d in docs]}
+        )
         datasets.DatasetDict({"train": ds}).save_to_disk(str(root / name))
         paths[name] = str(root / name)
     return paths
@@ -59,15 +60,21 @@ class PipelineFactory:
         self.paths, self.tokenizer = paths, tokenizer
 
     def __call__(self) -> Pipeline:
-        source = StaticMixtureWorkSource(hf_components(self.paths, split="train",
-                                                       columns=["text"]),
-                                         {"prose": 0.7, "code": 0.3}, chunk_size=16, seed=7)
-        return (Pipeline(source, canonical_replicas=4, flush_every_k_chunks=2, seed=7)
-                .fetch()
-                .map(BatchTokenizer(self.tokenizer), parallelism=2, name="tokenize",
-                     batched=True)
-                .split(max_len=SEQ_LEN).pack(seq_len=SEQ_LEN, bins=8)
-                .shuffle(buffer_size=64).batch(batch_size=BATCH))
+        source = StaticMixtureWorkSource(
+            hf_components(self.paths, split="train", columns=["text"]),
+            {"prose": 0.7, "code": 0.3},
+            chunk_size=16,
+            seed=7,
+        )
+        return (
+            Pipeline(source, canonical_replicas=4, flush_every_k_chunks=2, seed=7)
+            .fetch()
+            .map(BatchTokenizer(self.tokenizer), parallelism=2, name="tokenize", batched=True)
+            .split(max_len=SEQ_LEN)
+            .pack(seq_len=SEQ_LEN, bins=8)
+            .shuffle(buffer_size=64)
+            .batch(batch_size=BATCH)
+        )
 
 
 class Recording(TrainerCallback):
@@ -100,21 +107,41 @@ class CrashAt(TrainerCallback):
         return control
 
 
-def train(factory: PipelineFactory, out: Path, steps: int, path: str, resume: bool = False,
-          crash_at: int | None = None) -> list:
+def train(
+    factory: PipelineFactory,
+    out: Path,
+    steps: int,
+    path: str,
+    resume: bool = False,
+    crash_at: int | None = None,
+) -> list:
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=2048, n_positions=SEQ_LEN, n_embd=64,
-                                       n_layer=2, n_head=4))  # dropout on: RNG resumes too
-    args = TrainingArguments(output_dir=str(out), max_steps=steps, save_strategy="steps",
-                             save_steps=max(1, steps // 4), save_total_limit=2,
-                             learning_rate=3e-3, logging_steps=1, report_to=[],
-                             use_cpu=True, disable_tqdm=True, per_device_train_batch_size=BATCH)
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=2048, n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=4)
+    )  # dropout on: RNG resumes too
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        save_strategy="steps",
+        save_steps=max(1, steps // 4),
+        save_total_limit=2,
+        learning_rate=3e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        per_device_train_batch_size=BATCH,
+    )
     recording = Recording(model)
     callbacks = [recording] + ([CrashAt(crash_at)] if crash_at else [])
     if path == "callback":  # an unmodified Trainer
         zephon = ZephonCallback(factory)
-        trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
-                          callbacks=[zephon, *callbacks])
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=zephon.train_dataset,
+            callbacks=[zephon, *callbacks],
+        )
     else:  # the per-rank path
         trainer = ZephonTrainer(model=model, args=args, pipeline=factory, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # the losses are compared below instead
@@ -125,8 +152,12 @@ def train(factory: PipelineFactory, out: Path, steps: int, path: str, resume: bo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="N: stop at N, resume to 2N")
-    ap.add_argument("--path", choices=["callback", "trainer"], default="callback",
-                    help="Trainer + ZephonCallback, or the per-rank ZephonTrainer")
+    ap.add_argument(
+        "--path",
+        choices=["callback", "trainer"],
+        default="callback",
+        help="Trainer + ZephonCallback, or the per-rank ZephonTrainer",
+    )
     opts = ap.parse_args()
     n, path = opts.steps, opts.path
     logging.disable(logging.WARNING)
@@ -144,15 +175,18 @@ def main() -> None:
         kept = sorted(p.name for p in (d / "B").iterdir())
     tail = full[n:]
     for (s, a, la), (_, b, lb) in list(zip(tail, resumed))[:3]:
-        print(f"  step {s:3d}: batch {a} {'==' if a == b else '!='} {b}   loss {la:.4f} vs "
-              f"{lb:.4f}")
+        print(
+            f"  step {s:3d}: batch {a} {'==' if a == b else '!='} {b}   loss {la:.4f} vs {lb:.4f}"
+        )
     print(f"\ncheckpoints kept after rotation: {kept}")
     if [r[1] for r in tail] != [r[1] for r in resumed]:
         print("\nSTREAMS DIFFER")
         sys.exit(1)
     diff = max(abs(a[2] - b[2]) for a, b in zip(tail, resumed))
-    print(f"identical: the {len(tail)} batches after resume_from_checkpoint match the "
-          f"uninterrupted run (max loss difference {diff:.2e}).")
+    print(
+        f"identical: the {len(tail)} batches after resume_from_checkpoint match the "
+        f"uninterrupted run (max loss difference {diff:.2e})."
+    )
 
 
 if __name__ == "__main__":

@@ -46,14 +46,19 @@ def fingerprint(batch: dict) -> str:
 class TinyCausalLM(pl.LightningModule):
     """Embeddings + 2 causal transformer layers; packed rows use position_ids."""
 
-    def __init__(self, vocab: int = VOCAB, dim: int = 64, layers: int = 2, heads: int = 4,
-                 dropout: float = 0.1):
+    def __init__(
+        self,
+        vocab: int = VOCAB,
+        dim: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        dropout: float = 0.1,
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(SEQ_LEN, dim)
         # dropout draws from the global RNG: ZephonDataModule restores it on resume
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=dropout,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=dropout, batch_first=True)
         self.body = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, vocab)
         self.record: list[tuple[int, str, float]] = []  # (step, batch fingerprint, loss)
@@ -67,8 +72,9 @@ class TinyCausalLM(pl.LightningModule):
         logits = self(batch["input_ids"], batch["position_ids"])
         labels = batch["labels"][:, 1:].clone()
         labels[batch["segment_ids"][:, 1:] != batch["segment_ids"][:, :-1]] = -100
-        loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                           labels.reshape(-1), ignore_index=-100)
+        loss = nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+        )
         self.record.append((self.global_step, fingerprint(batch), float(loss)))
         return loss
 
@@ -76,17 +82,34 @@ class TinyCausalLM(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
 
-def fit(tok: Path, max_steps: int, ckpt_dir: Path, resume: str | None = None,
-        every: int | None = None, workers: int = 2) -> tuple[TinyCausalLM, ZephonDataModule]:
+def fit(
+    tok: Path,
+    max_steps: int,
+    ckpt_dir: Path,
+    resume: str | None = None,
+    every: int | None = None,
+    workers: int = 2,
+) -> tuple[TinyCausalLM, ZephonDataModule]:
     pl.seed_everything(1234, verbose=False)
     model = TinyCausalLM()
-    dm = ZephonDataModule(pipeline=lambda: build_pipeline(tok, SEQ_LEN, BATCH),
-                          num_workers=workers, log_every_n_steps=0)
-    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every or max_steps,
-                                 save_last=True)]
-    trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                         callbacks=callbacks, enable_progress_bar=False,
-                         enable_model_summary=False, deterministic=True)
+    dm = ZephonDataModule(
+        pipeline=lambda: build_pipeline(tok, SEQ_LEN, BATCH),
+        num_workers=workers,
+        log_every_n_steps=0,
+    )
+    callbacks = [
+        ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every or max_steps, save_last=True)
+    ]
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=resume)
     dm.final_metrics = dm.data_metrics()
     return model, dm
@@ -99,7 +122,7 @@ def plot(path: Path, full: list, resumed: list, n: int, metrics: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot([r[0] for r in full], [r[2] for r in full], label="uninterrupted", lw=3, alpha=.5)
+    ax1.plot([r[0] for r in full], [r[2] for r in full], label="uninterrupted", lw=3, alpha=0.5)
     ax1.plot([r[0] for r in resumed], [r[2] for r in resumed], "--", label="interrupted + resumed")
     ax1.axvline(n, color="grey", ls=":", label=f"crash / resume at step {n}")
     ax1.set_xlabel("step")
@@ -110,8 +133,8 @@ def plot(path: Path, full: list, resumed: list, n: int, metrics: dict) -> None:
     real = [metrics[f"zephon/mix_{n_}"] for n_ in names]
     target = [metrics[f"zephon/mix_{n_}_target"] for n_ in names]
     xs = range(len(names))
-    ax2.bar([x - .2 for x in xs], target, .4, label="target (documents)")
-    ax2.bar([x + .2 for x in xs], real, .4, label="realized (tokens delivered)")
+    ax2.bar([x - 0.2 for x in xs], target, 0.4, label="target (documents)")
+    ax2.bar([x + 0.2 for x in xs], real, 0.4, label="realized (tokens delivered)")
     ax2.set_xticks(list(xs), names)
     ax2.set_title("Mixture share")
     ax2.set_ylim(0, 1)
@@ -143,31 +166,42 @@ def main() -> None:
         state = torch.load(ckpt, weights_only=False)["zephon"]["state"]
         size = len(codec.encode(state))
         inflight = sum(len(lane["chunks"]) for lane in state["lanes"])
-        print(f"run B: stopped at step {n}; its checkpoint holds a {size}-byte Zephon state "
-              f"({len(state['lanes'])} lanes, {inflight} inflight chunks to replay)")
+        print(
+            f"run B: stopped at step {n}; its checkpoint holds a {size}-byte Zephon state "
+            f"({len(state['lanes'])} lanes, {inflight} inflight chunks to replay)"
+        )
         resumed_model, _ = fit(tok, 2 * n, d / "C", resume=str(ckpt))
-        print(f"run C: new Trainer + new ZephonDataModule, ckpt_path=last.ckpt, steps "
-              f"{n}..{2 * n - 1}\n")
+        print(
+            f"run C: new Trainer + new ZephonDataModule, ckpt_path=last.ckpt, steps "
+            f"{n}..{2 * n - 1}\n"
+        )
     full, resumed = full_model.record, resumed_model.record
     tail = full[n:]
     # the same batches and, with dropout on, the same losses bit for bit
     same = [a[1] == b[1] and a[2] == b[2] for a, b in zip(tail, resumed)]
     for (s, fa, la), (_, fb, lb) in list(zip(tail, resumed))[:3] + list(zip(tail, resumed))[-2:]:
-        print(f"  step {s:3d}: batch {fa} {'==' if fa == fb else '!='} {fb}   "
-              f"loss {la:.4f} vs {lb:.4f}")
+        print(
+            f"  step {s:3d}: batch {fa} {'==' if fa == fb else '!='} {fb}   "
+            f"loss {la:.4f} vs {lb:.4f}"
+        )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     png = Path(args.out) / "lightning_resume.png"
     plot(png, full, resumed, n, full_dm.final_metrics)
-    mix = ", ".join(f"{k.split('_')[1]} {v:.1%}" for k, v in full_dm.final_metrics.items()
-                    if k.startswith("zephon/mix_") and not k.endswith("target"))
+    mix = ", ".join(
+        f"{k.split('_')[1]} {v:.1%}"
+        for k, v in full_dm.final_metrics.items()
+        if k.startswith("zephon/mix_") and not k.endswith("target")
+    )
     print(f"\nrealized token share: {mix} (targets are per document); plot: {png}")
     if len(resumed) != len(tail) or not all(same):
         first = same.index(False) if False in same else min(len(same), len(tail))
         print(f"\nSTREAMS DIFFER at step {n + first}")
         sys.exit(1)
-    print(f"\nidentical: the {len(tail)} batches and losses after the resume match the "
-          "uninterrupted run step for step, bit for bit (dropout 0.1: the RNG was restored "
-          "too).")
+    print(
+        f"\nidentical: the {len(tail)} batches and losses after the resume match the "
+        "uninterrupted run step for step, bit for bit (dropout 0.1: the RNG was restored "
+        "too)."
+    )
 
 
 if __name__ == "__main__":

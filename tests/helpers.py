@@ -40,26 +40,46 @@ def byte_tokenize(payload: dict) -> dict:
     return {"input_ids": ids, "id": payload["id"]} if "id" in payload else {"input_ids": ids}
 
 
-def source(chunk_size: int = 8, seed: int = 7, num_epochs: int | None = None,
-           weights=(0.7, 0.3)) -> StaticMixtureWorkSource:
-    return StaticMixtureWorkSource({"prose": PROSE, "code": CODE},
-                                   {"prose": weights[0], "code": weights[1]},
-                                   chunk_size=chunk_size, seed=seed, num_epochs=num_epochs)
+def source(
+    chunk_size: int = 8, seed: int = 7, num_epochs: int | None = None, weights=(0.7, 0.3)
+) -> StaticMixtureWorkSource:
+    return StaticMixtureWorkSource(
+        {"prose": PROSE, "code": CODE},
+        {"prose": weights[0], "code": weights[1]},
+        chunk_size=chunk_size,
+        seed=seed,
+        num_epochs=num_epochs,
+    )
 
 
-def reference_pipeline(*, lanes: int = 4, k: int | None = 2, chunk_size: int = 8,
-                       seq_len: int = 128, batch_size: int = 4, prefetch: int = 3,
-                       parallelism: int = 2, num_epochs: int | None = None) -> Pipeline:
+def reference_pipeline(
+    *,
+    lanes: int = 4,
+    k: int | None = 2,
+    chunk_size: int = 8,
+    seq_len: int = 128,
+    batch_size: int = 4,
+    prefetch: int = 3,
+    parallelism: int = 2,
+    num_epochs: int | None = None,
+) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
-    return (Pipeline(source(chunk_size, num_epochs=num_epochs), canonical_replicas=lanes,
-                     flush_every_k_chunks=k, seed=11, prefetch=prefetch)
-            .fetch(parallelism=parallelism)
-            .map(byte_tokenize, parallelism=parallelism, name="tokenize")
-            .split(max_len=seq_len)
-            .pack(seq_len=seq_len, bins=4)
-            .shuffle(buffer_size=16)
-            .ensure_mixture(window=8)
-            .batch(batch_size=batch_size))
+    return (
+        Pipeline(
+            source(chunk_size, num_epochs=num_epochs),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=k,
+            seed=11,
+            prefetch=prefetch,
+        )
+        .fetch(parallelism=parallelism)
+        .map(byte_tokenize, parallelism=parallelism, name="tokenize")
+        .split(max_len=seq_len)
+        .pack(seq_len=seq_len, bins=4)
+        .shuffle(buffer_size=16)
+        .ensure_mixture(window=8)
+        .batch(batch_size=batch_size)
+    )
 
 
 class FailingTokenizer:
@@ -125,5 +145,9 @@ def batch_digest(out, keys=None) -> str:
 
 def finite_pipeline(prefetch: int = 2) -> Pipeline:
     """A finite stream whose lanes end at different outputs (documents differ in length)."""
-    return (Pipeline(source(4, num_epochs=1), canonical_replicas=4, seed=3, prefetch=prefetch)
-            .fetch().map(byte_tokenize, name="tokenize").split(max_len=256))
+    return (
+        Pipeline(source(4, num_epochs=1), canonical_replicas=4, seed=3, prefetch=prefetch)
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=256)
+    )

@@ -38,7 +38,7 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -77,7 +77,7 @@ def test_no_import_cycles_in_the_engine():
             if d.endswith("__init__") or d == "zephon_core":
                 continue
             if state.get(d) == 1:
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
                 visit(d)
         stack.pop()
@@ -98,5 +98,6 @@ def _is_package(mod: str) -> bool:
 def test_the_core_imports_no_integration():
     for path in ROOT.rglob("*.py"):
         for target in _imports(path):
-            assert not target.startswith(("zephon_integrations", "lightning", "transformers",
-                                          "accelerate", "datasets")), (path, target)
+            assert not target.startswith(
+                ("zephon_integrations", "lightning", "transformers", "accelerate", "datasets")
+            ), (path, target)

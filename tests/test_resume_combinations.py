@@ -42,8 +42,7 @@ STEPS = {
     "batch_keep": lambda pipe, par: pipe.batch(3, drop_last=False),
     "batch_longest": lambda pipe, par: pipe.batch(2, drop_last=False, pad_to="longest"),
 }
-MONOTONE_STEPS = {"tok", "filter", "map2", "split", "batch_drop", "batch_keep",
-                  "batch_longest"}
+MONOTONE_STEPS = {"tok", "filter", "map2", "split", "batch_drop", "batch_keep", "batch_longest"}
 
 CHAINS = {
     # each operator alone (after fetch, and a tokenizer where it needs tokens)
@@ -74,15 +73,21 @@ CHAINS = {
 }
 
 
-def build_fn(chain, *, lanes=1, k=2, prefetch=0, parallelism=1, queue_size=2,
-             chunk_size=2, src=None):
+def build_fn(
+    chain, *, lanes=1, k=2, prefetch=0, parallelism=1, queue_size=2, chunk_size=2, src=None
+):
     steps = CHAINS[chain] if isinstance(chain, str) else chain
     monotone = all(s in MONOTONE_STEPS for s in steps)
 
     def build():
-        pipe = Pipeline(src() if src else source(chunk_size), canonical_replicas=lanes,
-                        flush_every_k_chunks=None if monotone else k, seed=17,
-                        prefetch=prefetch, queue_size=queue_size)
+        pipe = Pipeline(
+            src() if src else source(chunk_size),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=None if monotone else k,
+            seed=17,
+            prefetch=prefetch,
+            queue_size=queue_size,
+        )
         pipe = pipe.fetch(parallelism=parallelism)
         for s in steps:
             pipe = STEPS[s](pipe, parallelism)
@@ -149,8 +154,15 @@ def _cases():
             if key in seen:
                 continue
             seen.add(key)
-            yield pytest.param(chain, lanes, k, prefetch, par, qs,
-                               id=f"{chain}-C{lanes}-k{k}-pf{prefetch}-p{par}-q{qs}")
+            yield pytest.param(
+                chain,
+                lanes,
+                k,
+                prefetch,
+                par,
+                qs,
+                id=f"{chain}-C{lanes}-k{k}-pf{prefetch}-p{par}-q{qs}",
+            )
 
 
 def _total(chain, lanes, k):
@@ -160,11 +172,13 @@ def _total(chain, lanes, k):
     return lanes * per_lane
 
 
-@pytest.mark.parametrize(("chain", "lanes", "k", "prefetch", "parallelism", "queue_size"),
-                         list(_cases()))
+@pytest.mark.parametrize(
+    ("chain", "lanes", "k", "prefetch", "parallelism", "queue_size"), list(_cases())
+)
 def test_resume_equivalent(chain, lanes, k, prefetch, parallelism, queue_size):
-    build, monotone = build_fn(chain, lanes=lanes, k=k, prefetch=prefetch,
-                               parallelism=parallelism, queue_size=queue_size)
+    build, monotone = build_fn(
+        chain, lanes=lanes, k=k, prefetch=prefetch, parallelism=parallelism, queue_size=queue_size
+    )
     boundary = boundary_cut(build, 600, 1 if monotone else k)
     assert boundary is not None, "no flush/chunk boundary within 600 outputs"
     # long enough for most lanes to cross a flush and the first ones to cross two
@@ -185,22 +199,31 @@ def test_resume_with_k_and_lanes_sweep(chain):
 
 # -- finite streams: cuts at and after the end -------------------------------------
 
+
 def _small_source(num_epochs=1, chunk_size=3):
     rng = np.random.default_rng(3)
-    a = [{"text": "a" * int(n) + f"{i}", "id": f"a{i}"} for i, n in
-         enumerate(rng.integers(3, 150, 17))]
-    b = [{"text": "b" * int(n) + f"{i}", "id": f"b{i}"} for i, n in
-         enumerate(rng.integers(3, 200, 9))]
-    return StaticMixtureWorkSource({"a": a, "b": b}, {"a": 2, "b": 1}, chunk_size=chunk_size,
-                                   seed=4, num_epochs=num_epochs)
+    a = [
+        {"text": "a" * int(n) + f"{i}", "id": f"a{i}"}
+        for i, n in enumerate(rng.integers(3, 150, 17))
+    ]
+    b = [
+        {"text": "b" * int(n) + f"{i}", "id": f"b{i}"}
+        for i, n in enumerate(rng.integers(3, 200, 9))
+    ]
+    return StaticMixtureWorkSource(
+        {"a": a, "b": b}, {"a": 2, "b": 1}, chunk_size=chunk_size, seed=4, num_epochs=num_epochs
+    )
 
 
-@pytest.mark.parametrize("chain", ["map_filter_split", "to_pack", "full_drop_last",
-                                   "full_keep_last", "shuffle_then_pack"])
+@pytest.mark.parametrize(
+    "chain",
+    ["map_filter_split", "to_pack", "full_drop_last", "full_keep_last", "shuffle_then_pack"],
+)
 @pytest.mark.parametrize(("lanes", "k", "prefetch"), [(1, 2, 0), (3, 1, 2)])
 def test_resume_finite_stream(chain, lanes, k, prefetch):
-    build, _ = build_fn(chain, lanes=lanes, k=k, prefetch=prefetch, parallelism=2,
-                        src=_small_source)
+    build, _ = build_fn(
+        chain, lanes=lanes, k=k, prefetch=prefetch, parallelism=2, src=_small_source
+    )
     pipe = build()
     try:
         full = take(pipe, 10_000)
@@ -228,9 +251,14 @@ def test_resume_finite_stream(chain, lanes, k, prefetch):
 
 def test_monotone_chains_ignore_k():
     """A positive k on an order-keeping chain warns and is forced to 0 -- resume holds."""
+
     def build():
-        return (Pipeline(source(4), canonical_replicas=3, flush_every_k_chunks=2, seed=17)
-                .fetch().map(byte_tokenize).split(max_len=SEQ))
+        return (
+            Pipeline(source(4), canonical_replicas=3, flush_every_k_chunks=2, seed=17)
+            .fetch()
+            .map(byte_tokenize)
+            .split(max_len=SEQ)
+        )
 
     with pytest.warns(UserWarning, match="forced to 0"):
         assert build().compile().k == 0
@@ -241,13 +269,16 @@ def test_monotone_chains_ignore_k():
 
 # -- the shared reference pipeline (tests/helpers.py) --------------------------------
 
-@pytest.mark.parametrize(("lanes", "k", "prefetch", "parallelism"),
-                         [(1, 1, 0, 1), (3, 2, 3, 3), (8, 5, 2, 2), (3, 5, 0, 1),
-                          (8, 1, 0, 3)])
+
+@pytest.mark.parametrize(
+    ("lanes", "k", "prefetch", "parallelism"),
+    [(1, 1, 0, 1), (3, 2, 3, 3), (8, 5, 2, 2), (3, 5, 0, 1), (8, 1, 0, 3)],
+)
 def test_reference_pipeline(lanes, k, prefetch, parallelism):
     def build():
-        return reference_pipeline(lanes=lanes, k=k, chunk_size=4, seq_len=64,
-                                  prefetch=prefetch, parallelism=parallelism)
+        return reference_pipeline(
+            lanes=lanes, k=k, chunk_size=4, seq_len=64, prefetch=prefetch, parallelism=parallelism
+        )
 
     boundary = boundary_cut(build, 400, k)
     assert boundary is not None
@@ -256,6 +287,7 @@ def test_reference_pipeline(lanes, k, prefetch, parallelism):
 
 
 # -- resuming a resumed pipeline, and switching runtime knobs on resume ---------------
+
 
 def _resume(build, state, n):
     pipe = build()
@@ -266,8 +298,16 @@ def _resume(build, state, n):
         pipe.close()
 
 
-@pytest.mark.parametrize("chain", ["map_filter_split", "full_drop_last", "full_keep_last",
-                                   "shuffle_then_pack", "mix_before_pack"])
+@pytest.mark.parametrize(
+    "chain",
+    [
+        "map_filter_split",
+        "full_drop_last",
+        "full_keep_last",
+        "shuffle_then_pack",
+        "mix_before_pack",
+    ],
+)
 @pytest.mark.parametrize("lanes", [1, 3])
 def test_resume_twice_and_checkpoint_is_idempotent(chain, lanes):
     build, _ = build_fn(chain, lanes=lanes, k=2, prefetch=2, parallelism=2)
@@ -292,8 +332,11 @@ def test_resume_twice_and_checkpoint_is_idempotent(chain, lanes):
         first.close()
     mid, s2 = _resume(build, s1, b - a)
     tail, _ = _resume(build, s2, total - b)
-    for what, want, got in (("head", reference[:a], head), ("mid", reference[a:b], mid),
-                            ("tail", reference[b:], tail)):
+    for what, want, got in (
+        ("head", reference[:a], head),
+        ("mid", reference[a:b], mid),
+        ("tail", reference[b:], tail),
+    ):
         assert_streams_equal(want, got, what)
 
 
@@ -301,9 +344,11 @@ def test_resume_twice_and_checkpoint_is_idempotent(chain, lanes):
 def test_resume_with_different_runtime_knobs(chain):
     """parallelism / prefetch / queue_size do not change the stream, so a checkpoint
     taken with one setting resumes exactly under another."""
-    knobs = [dict(prefetch=0, parallelism=1, queue_size=1),
-             dict(prefetch=4, parallelism=3, queue_size=4),
-             dict(prefetch=1, parallelism=2, queue_size=2)]
+    knobs = [
+        dict(prefetch=0, parallelism=1, queue_size=1),
+        dict(prefetch=4, parallelism=3, queue_size=4),
+        dict(prefetch=1, parallelism=2, queue_size=2),
+    ]
     calls = []
 
     def build():

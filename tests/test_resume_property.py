@@ -19,8 +19,13 @@ from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, 
 MIDDLE = ["filter", "map2", "split", "pack", "shuffle", "mix"]
 BATCHES = [None, "batch_drop", "batch_keep", "batch_longest"]
 
-PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @st.composite
@@ -47,11 +52,13 @@ def configs(draw):
     )
 
 
-runtime = st.fixed_dictionaries(dict(
-    parallelism=st.integers(1, 3),
-    prefetch=st.integers(0, 4),
-    queue_size=st.integers(1, 4),
-))
+runtime = st.fixed_dictionaries(
+    dict(
+        parallelism=st.integers(1, 3),
+        prefetch=st.integers(0, 4),
+        queue_size=st.integers(1, 4),
+    )
+)
 
 
 def builder(cfg, rt):
@@ -59,9 +66,14 @@ def builder(cfg, rt):
     monotone = all(s in MONOTONE_STEPS for s in steps)
 
     def build():
-        pipe = Pipeline(source(cfg["chunk_size"]), canonical_replicas=cfg["lanes"],
-                        flush_every_k_chunks=None if monotone else cfg["k"], seed=29,
-                        prefetch=rt["prefetch"], queue_size=rt["queue_size"])
+        pipe = Pipeline(
+            source(cfg["chunk_size"]),
+            canonical_replicas=cfg["lanes"],
+            flush_every_k_chunks=None if monotone else cfg["k"],
+            seed=29,
+            prefetch=rt["prefetch"],
+            queue_size=rt["queue_size"],
+        )
         pipe = pipe.fetch(parallelism=rt["parallelism"])
         for s in steps:
             pipe = STEPS[s](pipe, rt["parallelism"])
@@ -73,8 +85,9 @@ def builder(cfg, rt):
 @PROPERTY
 @given(cfg=configs(), rt=runtime, total=st.integers(20, 80), data=st.data())
 def test_resumed_equals_uninterrupted(cfg, rt, total, data):
-    cuts = data.draw(st.lists(st.integers(0, total), min_size=1, max_size=3, unique=True),
-                     label="cuts")
+    cuts = data.draw(
+        st.lists(st.integers(0, total), min_size=1, max_size=3, unique=True), label="cuts"
+    )
     report = assert_resume_equivalent(builder(cfg, rt), sorted(cuts), total)
     assert report.total == total
 
@@ -94,13 +107,18 @@ def test_output_independent_of_runtime_knobs(cfg, rt1, rt2, total):
 
 
 @settings(PROPERTY, max_examples=60)
-@given(cfg=configs(), rts=st.lists(runtime, min_size=2, max_size=3),
-       total=st.integers(20, 80), data=st.data())
+@given(
+    cfg=configs(),
+    rts=st.lists(runtime, min_size=2, max_size=3),
+    total=st.integers(20, 80),
+    data=st.data(),
+)
 def test_resume_under_other_runtime_knobs(cfg, rts, total, data):
     """A checkpoint taken with one parallelism/prefetch/queue_size resumes exactly under
     another (each pipeline assert_resume_equivalent builds uses the next setting)."""
-    cuts = data.draw(st.lists(st.integers(0, total), min_size=1, max_size=3, unique=True),
-                     label="cuts")
+    cuts = data.draw(
+        st.lists(st.integers(0, total), min_size=1, max_size=3, unique=True), label="cuts"
+    )
     builders = [builder(cfg, rt) for rt in rts]
     calls = [0]
 

@@ -21,10 +21,30 @@ from .ops import Operator, OpTraits
 from .records import Contributor, Record, SampleCursor, tombstone
 from .sources import StaticMixtureWorkSource, WorkChunk, WorkSource
 
-__all__ = ["Pipeline", "PipelineIterator", "ZephonDataLoader", "StaticMixtureWorkSource",
-           "WorkChunk", "WorkSource", "Operator", "OpTraits", "Record", "SampleCursor",
-           "Contributor", "tombstone", "ZephonError", "ConfigError", "ContractViolation",
-           "LifecycleError", "PipelineError", "PipelineStalled", "TopologyError",
-           "CheckpointError", "CorruptCheckpoint", "IncompatibleCheckpoint",
-           "MissingCheckpointState", "ReplayDivergence"]
+__all__ = [
+    "Pipeline",
+    "PipelineIterator",
+    "ZephonDataLoader",
+    "StaticMixtureWorkSource",
+    "WorkChunk",
+    "WorkSource",
+    "Operator",
+    "OpTraits",
+    "Record",
+    "SampleCursor",
+    "Contributor",
+    "tombstone",
+    "ZephonError",
+    "ConfigError",
+    "ContractViolation",
+    "LifecycleError",
+    "PipelineError",
+    "PipelineStalled",
+    "TopologyError",
+    "CheckpointError",
+    "CorruptCheckpoint",
+    "IncompatibleCheckpoint",
+    "MissingCheckpointState",
+    "ReplayDivergence",
+]
 __version__ = "0.1.0"

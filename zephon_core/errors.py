@@ -35,8 +35,7 @@ class PipelineError(ZephonError, RuntimeError):
         cursor: the ``SampleCursor`` of the record it failed on, if known.
     """
 
-    def __init__(self, message: str, *, operator: str | None = None,
-                 cursor: Any = None) -> None:
+    def __init__(self, message: str, *, operator: str | None = None, cursor: Any = None) -> None:
         super().__init__(message)
         self.operator = operator
         self.cursor = cursor
@@ -46,8 +45,9 @@ class PipelineError(ZephonError, RuntimeError):
         return (_rebuild, (type(self), str(self), self.operator, self.cursor))
 
 
-def _rebuild(cls: type[PipelineError], message: str, operator: str | None,
-             cursor: Any) -> PipelineError:
+def _rebuild(
+    cls: type[PipelineError], message: str, operator: str | None, cursor: Any
+) -> PipelineError:
     return cls(message, operator=operator, cursor=cursor)
 
 

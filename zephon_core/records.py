@@ -57,8 +57,13 @@ class Record:
 
     __slots__ = ("payload", "cursor", "contributors", "digest")
 
-    def __init__(self, payload: Any, cursor: SampleCursor, contributors: list[Contributor],
-                 digest: int | None = None):
+    def __init__(
+        self,
+        payload: Any,
+        cursor: SampleCursor,
+        contributors: list[Contributor],
+        digest: int | None = None,
+    ):
         self.payload = payload
         self.cursor = cursor
         self.contributors = contributors

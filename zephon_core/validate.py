@@ -38,46 +38,77 @@ def _label(name: str, value: Any, where: str | None) -> str:
     return f"{where}({name}={value!r})" if where else f"{name}={value!r}"
 
 
-def int_arg(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
-            where: str | None = None, allow_none: bool = False,
-            error: type[Exception] = ConfigError) -> int | None:
+def int_arg(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    where: str | None = None,
+    allow_none: bool = False,
+    error: type[Exception] = ConfigError,
+) -> int | None:
     """``value`` as an int in ``[minimum, maximum]`` (None passes when ``allow_none``)."""
     if value is None and allow_none:
         return None
-    ok = is_int(value) and (minimum is None or value >= minimum) and \
-        (maximum is None or value <= maximum)
+    ok = (
+        is_int(value)
+        and (minimum is None or value >= minimum)
+        and (maximum is None or value <= maximum)
+    )
     if not ok:
-        bounds = (f" >= {minimum}" if minimum is not None else "") + \
-            (f" and <= {maximum}" if maximum is not None else "")
+        bounds = (f" >= {minimum}" if minimum is not None else "") + (
+            f" and <= {maximum}" if maximum is not None else ""
+        )
         none = " or None" if allow_none else ""
         raise error(f"{_label(name, value, where)}: must be an int{bounds}{none}")
     return int(value)
 
 
-def bool_arg(name: str, value: Any, *, where: str | None = None,
-             error: type[Exception] = ConfigError) -> bool:
+def bool_arg(
+    name: str, value: Any, *, where: str | None = None, error: type[Exception] = ConfigError
+) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise error(f"{_label(name, value, where)}: must be True or False")
     return bool(value)
 
 
-def number_arg(name: str, value: Any, *, positive: bool = False, allow_none: bool = False,
-               where: str | None = None, hint: str = "",
-               error: type[Exception] = ConfigError) -> float | None:
+def number_arg(
+    name: str,
+    value: Any,
+    *,
+    positive: bool = False,
+    allow_none: bool = False,
+    where: str | None = None,
+    hint: str = "",
+    error: type[Exception] = ConfigError,
+) -> float | None:
     """A finite number (``> 0`` when ``positive``)."""
     if value is None and allow_none:
         return None
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and \
-        not isinstance(value, (bool, np.bool_)) and math.isfinite(float(value)) and \
-        (not positive or float(value) > 0)
+    ok = (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(float(value))
+        and (not positive or float(value) > 0)
+    )
     if not ok:
-        raise error(f"{_label(name, value, where)}: must be a finite number"
-                    + (" > 0" if positive else "") + (" or None" if allow_none else "") + hint)
+        raise error(
+            f"{_label(name, value, where)}: must be a finite number"
+            + (" > 0" if positive else "")
+            + (" or None" if allow_none else "")
+            + hint
+        )
     return float(value)
 
 
-def weight_vector(weights: Mapping[str, Any] | Sequence[Any], names: Sequence[str],
-                  where: str, *, missing_is_zero: bool = False) -> list[float]:
+def weight_vector(
+    weights: Mapping[str, Any] | Sequence[Any],
+    names: Sequence[str],
+    where: str,
+    *,
+    missing_is_zero: bool = False,
+) -> list[float]:
     """One weight per name, each a finite number >= 0, not all zero.
 
     Args:
@@ -90,28 +121,37 @@ def weight_vector(weights: Mapping[str, Any] | Sequence[Any], names: Sequence[st
     if isinstance(weights, Mapping):
         unknown = [k for k in weights if k not in names]
         if unknown:
-            raise ConfigError(f"{where}: weights given for unknown datasets {unknown!r}; known "
-                              f"datasets: {names!r}")
+            raise ConfigError(
+                f"{where}: weights given for unknown datasets {unknown!r}; known "
+                f"datasets: {names!r}"
+            )
         absent = [n for n in names if n not in weights]
         if absent and not missing_is_zero:
-            raise ConfigError(f"{where}: no weight for datasets {absent!r}: give every dataset "
-                              "a weight (0 to leave it out)")
+            raise ConfigError(
+                f"{where}: no weight for datasets {absent!r}: give every dataset "
+                "a weight (0 to leave it out)"
+            )
         raw = [weights.get(n, 0.0) for n in names]
     elif isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ConfigError(f"{where}: weights must be a mapping or a sequence, got {weights!r}")
     else:
         raw = list(weights)
         if len(raw) != len(names):
-            raise ConfigError(f"{where}: {len(raw)} weights for {len(names)} datasets "
-                              f"{names!r}: give one weight per dataset")
+            raise ConfigError(
+                f"{where}: {len(raw)} weights for {len(names)} datasets "
+                f"{names!r}: give one weight per dataset"
+            )
     out = []
     for name, w in zip(names, raw, strict=True):
         ok = hasattr(w, "__float__") and not isinstance(w, (bool, str, bytes, np.bool_))
         if not ok or not math.isfinite(float(w)) or float(w) < 0:
-            raise ConfigError(f"{where}: weight of dataset {name!r} is {w!r}: weights must be "
-                              "finite numbers >= 0")
+            raise ConfigError(
+                f"{where}: weight of dataset {name!r} is {w!r}: weights must be finite numbers >= 0"
+            )
         out.append(float(w))
     if not any(out):
-        raise ConfigError(f"{where}: all weights are zero for datasets {names!r}: give at "
-                          "least one dataset a positive weight")
+        raise ConfigError(
+            f"{where}: all weights are zero for datasets {names!r}: give at "
+            "least one dataset a positive weight"
+        )
     return out

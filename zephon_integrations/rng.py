@@ -21,8 +21,13 @@ def capture() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     out: dict[str, Any] = {
         "python": _listify(random.getstate()),
-        "numpy": [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos),
-                  int(has_gauss), float(cached)],
+        "numpy": [
+            kind,
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
         "torch": torch.random.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():

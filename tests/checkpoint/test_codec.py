@@ -20,8 +20,17 @@ from zephon_core.checkpoint import codec
 from zephon_core.testing import take
 
 SAMPLE = {
-    "format": "x", "n": 3, "neg": -5, "big": (1 << 64) - 1, "f": 1.5, "none": None,
-    "flag": True, "s": "é", "b": b"\x00\x01", "lst": [1, [2, [3]]], "d": {"k": {"j": [None]}},
+    "format": "x",
+    "n": 3,
+    "neg": -5,
+    "big": (1 << 64) - 1,
+    "f": 1.5,
+    "none": None,
+    "flag": True,
+    "s": "é",
+    "b": b"\x00\x01",
+    "lst": [1, [2, [3]]],
+    "d": {"k": {"j": [None]}},
 }
 
 
@@ -77,15 +86,19 @@ def _flip_outcomes(data: bytes, original: dict):
 def test_flipped_bytes_raise_only_corrupt_checkpoint(real_state):
     data = codec.encode(real_state)
     foreign, _ = _flip_outcomes(data, real_state)
-    assert not foreign, (f"{len(foreign)} corrupted inputs raised something other than "
-                         f"CorruptCheckpoint, e.g. {foreign[:3]}")
+    assert not foreign, (
+        f"{len(foreign)} corrupted inputs raised something other than "
+        f"CorruptCheckpoint, e.g. {foreign[:3]}"
+    )
 
 
 def test_flipped_bytes_never_decode_to_a_different_state(real_state):
     data = codec.encode(real_state)
     _, different = _flip_outcomes(data, real_state)
-    assert not different, (f"{len(different)} of {2 * len(data)} single-bit corruptions "
-                           f"decoded silently into a different state, e.g. at {different[:5]}")
+    assert not different, (
+        f"{len(different)} of {2 * len(data)} single-bit corruptions "
+        f"decoded silently into a different state, e.g. at {different[:5]}"
+    )
 
 
 def test_unhashable_map_key_payload_is_corrupt():
@@ -94,14 +107,17 @@ def test_unhashable_map_key_payload_is_corrupt():
         codec.decode(codec.MAGIC + zstandard.ZstdCompressor().compress(raw))
 
 
-@pytest.mark.parametrize("blob", [
-    b"",
-    b"ZEPHON",
-    b"ZEPHON\x02" + b"\x00" * 32,
-    b"PK\x03\x04" + b"\x00" * 32,
-    pickle.dumps({"format": "zephon.pipeline_state"}),
-    zstandard.ZstdCompressor().compress(msgpack.packb({"a": 1})),  # no header
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"ZEPHON",
+        b"ZEPHON\x02" + b"\x00" * 32,
+        b"PK\x03\x04" + b"\x00" * 32,
+        pickle.dumps({"format": "zephon.pipeline_state"}),
+        zstandard.ZstdCompressor().compress(msgpack.packb({"a": 1})),  # no header
+    ],
+)
 def test_wrong_magic_is_corrupt(blob):
     with pytest.raises(CorruptCheckpoint):
         codec.decode(blob)
@@ -120,13 +136,16 @@ def test_non_bytes_are_corrupt(obj):
         codec.decode(obj)
 
 
-@pytest.mark.parametrize("raw", [
-    msgpack.packb([1, 2, 3]),
-    msgpack.packb("text"),
-    msgpack.packb({"a": 1}) + b"\x01",           # trailing garbage
-    b"\xc1",                                      # never-used msgpack byte
-    pickle.dumps({"a": 1}),                       # a pickle inside a valid frame
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb("text"),
+        msgpack.packb({"a": 1}) + b"\x01",  # trailing garbage
+        b"\xc1",  # never-used msgpack byte
+        pickle.dumps({"a": 1}),  # a pickle inside a valid frame
+    ],
+)
 def test_payload_that_is_not_one_msgpack_mapping_is_corrupt(raw):
     with pytest.raises(CorruptCheckpoint):
         codec.decode(codec.MAGIC + zstandard.ZstdCompressor().compress(raw))
@@ -170,6 +189,7 @@ def test_max_size_allows_payloads_below_it():
 
 
 # -- files ------------------------------------------------------------------------------
+
 
 def test_write_atomic_writes_and_leaves_no_temp_file(tmp_path):
     path = tmp_path / "sub" / "dir" / "state.zst"
@@ -226,8 +246,10 @@ def test_a_save_killed_before_its_rename_leaves_nothing_after_the_next_save(tmp_
     import sys
 
     path = tmp_path / "state.zst"
-    killed = ("import os, sys; from zephon_core.checkpoint import codec; "
-              "os.replace = lambda *a: os._exit(9); codec.write_atomic(sys.argv[1], b'x' * 100)")
+    killed = (
+        "import os, sys; from zephon_core.checkpoint import codec; "
+        "os.replace = lambda *a: os._exit(9); codec.write_atomic(sys.argv[1], b'x' * 100)"
+    )
     for _ in range(2):  # the second interrupted save already removes the first one's file
         assert subprocess.run([sys.executable, "-c", killed, str(path)]).returncode == 9
     left = sorted(os.listdir(tmp_path))

@@ -29,10 +29,14 @@ CUT = 9
 
 
 def _pipe(prose=PROSE, code=CODE, fn=byte_tokenize, version=None, pred=None) -> Pipeline:
-    src = StaticMixtureWorkSource({"prose": prose, "code": code}, {"prose": 0.7, "code": 0.3},
-                                  chunk_size=8, seed=7)
-    pipe = (Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=11, prefetch=0)
-            .fetch().map(fn, name="tokenize", version=version))
+    src = StaticMixtureWorkSource(
+        {"prose": prose, "code": code}, {"prose": 0.7, "code": 0.3}, chunk_size=8, seed=7
+    )
+    pipe = (
+        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=11, prefetch=0)
+        .fetch()
+        .map(fn, name="tokenize", version=version)
+    )
     if pred is not None:
         pipe = pipe.filter(pred, name="keep")
     return pipe.split(max_len=64).pack(seq_len=64, bins=2).batch(batch_size=2)
@@ -67,8 +71,9 @@ def test_another_map_function_is_incompatible():
     state = _state(fn=lambda p: byte_tokenize(p))
     with pytest.raises(IncompatibleCheckpoint, match="operator 'tokenize'"):
         # same name, same qualname "<lambda>", other behaviour
-        _pipe(fn=lambda p: {**byte_tokenize(p), "input_ids": byte_tokenize(p)["input_ids"][1:]}
-              ).load_state_dict(state)
+        _pipe(
+            fn=lambda p: {**byte_tokenize(p), "input_ids": byte_tokenize(p)["input_ids"][1:]}
+        ).load_state_dict(state)
 
 
 def test_another_filter_threshold_is_incompatible():
@@ -110,8 +115,10 @@ def test_tokenizer_objects_are_fingerprinted_by_their_json():
         tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token=None))
         tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
         trainer = tokenizers.trainers.BpeTrainer(
-            vocab_size=300, show_progress=False,
-            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+            vocab_size=300,
+            show_progress=False,
+            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(texts, trainer=trainer)
         return tok
 

@@ -57,10 +57,20 @@ def test_fingerprint_is_stable_and_sensitive():
 def _pipe(**kw):
     args = {"seed": 3, "k": 2, "batch_size": 4, "chunk_size": 8, "bins": 4}
     args.update(kw)
-    return (Pipeline(source(chunk_size=args["chunk_size"]), canonical_replicas=2,
-                     flush_every_k_chunks=args["k"], seed=args["seed"], prefetch=0)
-            .fetch().map(byte_tokenize, name="tokenize").split(max_len=64)
-            .pack(seq_len=64, bins=args["bins"]).batch(batch_size=args["batch_size"]))
+    return (
+        Pipeline(
+            source(chunk_size=args["chunk_size"]),
+            canonical_replicas=2,
+            flush_every_k_chunks=args["k"],
+            seed=args["seed"],
+            prefetch=0,
+        )
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=args["bins"])
+        .batch(batch_size=args["batch_size"])
+    )
 
 
 def test_pipeline_config_diffs_name_the_setting():
@@ -82,10 +92,16 @@ def test_pipeline_config_diffs_name_the_setting():
 
 def test_runtime_knobs_do_not_change_the_fingerprint():
     a = _pipe().compile()
-    b = (Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=3, prefetch=5,
-                  queue_size=7)
-         .fetch(parallelism=3).map(byte_tokenize, name="tokenize", parallelism=2)
-         .split(max_len=64).pack(seq_len=64, bins=4).batch(batch_size=4)).compile()
+    b = (
+        Pipeline(
+            source(), canonical_replicas=2, flush_every_k_chunks=2, seed=3, prefetch=5, queue_size=7
+        )
+        .fetch(parallelism=3)
+        .map(byte_tokenize, name="tokenize", parallelism=2)
+        .split(max_len=64)
+        .pack(seq_len=64, bins=4)
+        .batch(batch_size=4)
+    ).compile()
     assert a.fingerprint == b.fingerprint
     assert config_diff(a.config, b.config) == []
 
@@ -93,8 +109,19 @@ def test_runtime_knobs_do_not_change_the_fingerprint():
 def test_replay_filter_is_not_part_of_the_config():
     plan = _pipe().compile()
     assert all("replay_filter" not in str(op) for op in plan.config["ops"])
-    no_ckpt = (Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=3,
-                        prefetch=0, checkpointing=False)
-               .fetch().map(byte_tokenize, name="tokenize").split(max_len=64)
-               .pack(seq_len=64, bins=4).batch(batch_size=4)).compile()
+    no_ckpt = (
+        Pipeline(
+            source(),
+            canonical_replicas=2,
+            flush_every_k_chunks=2,
+            seed=3,
+            prefetch=0,
+            checkpointing=False,
+        )
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=4)
+        .batch(batch_size=4)
+    ).compile()
     assert no_ckpt.config["ops"] == plan.config["ops"]

@@ -17,8 +17,12 @@ from zephon_core.ops import OpContext
 from zephon_core.records import Contributor, Record, SampleCursor
 
 
-def lane_filter(lane: int = 0, monotone: bool = False, name: str = "batch_replay_filter",
-                target: SampleCursor | None = None) -> ReplayFilter:
+def lane_filter(
+    lane: int = 0,
+    monotone: bool = False,
+    name: str = "batch_replay_filter",
+    target: SampleCursor | None = None,
+) -> ReplayFilter:
     """The replay filter instance of one lane (the template bound as compile does)."""
     template = ReplayFilter(name, monotone=monotone)
     template.bind(OpContext(seed=1, index=0, component_names=("a",), weights=(1.0,)))
@@ -28,9 +32,11 @@ def lane_filter(lane: int = 0, monotone: bool = False, name: str = "batch_replay
 
 
 def rec(lane: int, cid: int, off: int, child: int = 0, payload=None) -> Record:
-    return Record(payload if payload is not None else {"x": (cid, off, child)},
-                  SampleCursor(lane, cid, off, child),
-                  [Contributor(cid, off, child, True, 0, 3)])
+    return Record(
+        payload if payload is not None else {"x": (cid, off, child)},
+        SampleCursor(lane, cid, off, child),
+        [Contributor(cid, off, child, True, 0, 3)],
+    )
 
 
 # Five records of lane 0, chunk 0, in the shuffled original-run order C2 C1 C3 C4 C5.
@@ -75,7 +81,7 @@ def test_targets_are_per_lane():
     rf0 = lane_filter(0, target=SampleCursor(0, 0, 3, 0))
     rf1 = lane_filter(1)  # each lane has its own instance
     r1 = rec(1, 0, 0)
-    assert rf1.process(r1) == [r1]           # lane 1 has no target: pass-through
+    assert rf1.process(r1) == [r1]  # lane 1 has no target: pass-through
     assert rf0.process(rec(0, 0, 0))[0].is_tombstone
     rf1.set_target(SampleCursor(1, 0, 1, 0))
     assert rf1.process(rec(1, 0, 1))[0].is_tombstone
@@ -92,7 +98,7 @@ def test_pass_through_without_target():
         assert rf.process(r) == [r]
     assert rf.process_many(recs) == recs
     assert not any(r.is_tombstone for r in rf.process_many(recs))
-    rf.check_epoch_end(100)   # no target: never diverges
+    rf.check_epoch_end(100)  # no target: never diverges
     assert list(rf.finish()) == []
 
 
@@ -162,8 +168,13 @@ class RunStamped(Operator):
 
     def process(self, record):
         c = record.cursor
-        return [Record(record.payload, SampleCursor(c.lane, c.chunk_id, c.offset, self.run_id),
-                       record.contributors)]
+        return [
+            Record(
+                record.payload,
+                SampleCursor(c.lane, c.chunk_id, c.offset, self.run_id),
+                record.contributors,
+            )
+        ]
 
 
 _tok = byte_tokenize
@@ -172,9 +183,14 @@ _tok = byte_tokenize
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_non_deterministic_operator_raises_replay_divergence_on_resume(prefetch):
     def build():
-        return (Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=1,
-                         prefetch=prefetch)
-                .fetch().map(_tok, name="tokenize").then(RunStamped()))
+        return (
+            Pipeline(
+                source(), canonical_replicas=2, flush_every_k_chunks=2, seed=1, prefetch=prefetch
+            )
+            .fetch()
+            .map(_tok, name="tokenize")
+            .then(RunStamped())
+        )
 
     first = build()
     it = iter(first)
@@ -190,6 +206,5 @@ def test_non_deterministic_operator_raises_replay_divergence_on_resume(prefetch)
     second.close()
     msg = str(e.value)
     targets = {ls["lane"]: tuple(ls["cursor"]) for ls in state["lanes"]}
-    assert any(f"replay on lane {ln} " in msg and str(t) in msg
-               for ln, t in targets.items()), msg
+    assert any(f"replay on lane {ln} " in msg and str(t) in msg for ln, t in targets.items()), msg
     assert "not deterministic" in msg

@@ -28,12 +28,20 @@ from zephon_core.testing import assert_streams_equal, take
 CUT = 37
 
 
-def build(*, seed: int = 11, batch_size: int = 4, lanes: int = 4, k: int = 2,
-          prefetch: int = 0) -> Pipeline:
-    return (Pipeline(source(), canonical_replicas=lanes, flush_every_k_chunks=k, seed=seed,
-                     prefetch=prefetch)
-            .fetch().map(byte_tokenize, name="tokenize").split(max_len=128)
-            .pack(seq_len=128, bins=4).shuffle(buffer_size=16).batch(batch_size=batch_size))
+def build(
+    *, seed: int = 11, batch_size: int = 4, lanes: int = 4, k: int = 2, prefetch: int = 0
+) -> Pipeline:
+    return (
+        Pipeline(
+            source(), canonical_replicas=lanes, flush_every_k_chunks=k, seed=seed, prefetch=prefetch
+        )
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=128)
+        .pack(seq_len=128, bins=4)
+        .shuffle(buffer_size=16)
+        .batch(batch_size=batch_size)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,7 @@ def st(state):
 
 
 # -- schema round trip --------------------------------------------------------------------
+
 
 def test_state_shape(state):
     assert state["format"] == FORMAT and state["version"] == VERSION
@@ -86,6 +95,7 @@ def test_from_dict_to_dict_round_trip(state):
 
 # -- strictness ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("key", ["fingerprint", "config", "position", "lanes"])
 def test_missing_top_key_is_corrupt(st, key):
     del st[key]
@@ -111,8 +121,21 @@ def test_extra_top_key_is_corrupt(st):
         PipelineState.from_dict(st)
 
 
-@pytest.mark.parametrize("key", ["lane", "floor", "next_chunk", "chunks", "boundaries", "source",
-                                 "cursor", "delivered", "exhausted", "tokens"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "lane",
+        "floor",
+        "next_chunk",
+        "chunks",
+        "boundaries",
+        "source",
+        "cursor",
+        "delivered",
+        "exhausted",
+        "tokens",
+    ],
+)
 def test_missing_lane_key_is_corrupt(st, key):
     del st["lanes"][2][key]
     with pytest.raises(CorruptCheckpoint, match=key):
@@ -152,8 +175,9 @@ WRONG_TYPES = [
 ]
 
 
-@pytest.mark.parametrize("path,value", WRONG_TYPES, ids=[
-    ".".join(map(str, p)) + "=" + repr(v) for p, v in WRONG_TYPES])
+@pytest.mark.parametrize(
+    "path,value", WRONG_TYPES, ids=[".".join(map(str, p)) + "=" + repr(v) for p, v in WRONG_TYPES]
+)
 def test_wrong_types_are_corrupt(st, path, value):
     target = st
     for p in path[:-1]:
@@ -163,16 +187,19 @@ def test_wrong_types_are_corrupt(st, path, value):
         PipelineState.from_dict(st)
 
 
-@pytest.mark.parametrize("index,value", [
-    pytest.param(0, "0", id="chunk_id-str"),
-    pytest.param(0, 0.5, id="chunk_id-float"),
-    pytest.param(1, "7", id="seed-str"),
-    pytest.param(1, 2.5, id="seed-float"),
-    pytest.param(2, [True], id="components-bool"),
-    pytest.param(3, [1.5], id="rows-float"),
-    pytest.param(3, [], id="rows-empty"),
-    pytest.param(2, "0", id="components-str"),
-])
+@pytest.mark.parametrize(
+    "index,value",
+    [
+        pytest.param(0, "0", id="chunk_id-str"),
+        pytest.param(0, 0.5, id="chunk_id-float"),
+        pytest.param(1, "7", id="seed-str"),
+        pytest.param(1, 2.5, id="seed-float"),
+        pytest.param(2, [True], id="components-bool"),
+        pytest.param(3, [1.5], id="rows-float"),
+        pytest.param(3, [], id="rows-empty"),
+        pytest.param(2, "0", id="components-str"),
+    ],
+)
 def test_malformed_chunk_entries_are_corrupt(st, index, value):
     ls = st["lanes"][0]
     assert ls["chunks"], "fixture must have inflight chunks"
@@ -248,6 +275,7 @@ def test_load_state_dict_rejects_non_states(bad):
 
 # -- save / load / restore ----------------------------------------------------------------
 
+
 def test_save_load_restore_round_trip(tmp_path, reference):
     path = tmp_path / "ckpt" / "zephon_state.msgpack.zst"
     pipe = build()
@@ -284,12 +312,15 @@ def test_save_overwrites_atomically(tmp_path):
     pipe.close()
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"seed": 12}, "seed: 11 in checkpoint, 12 now"),
-    ({"batch_size": 8}, "batch_size: 4 in checkpoint, 8 now"),
-    ({"lanes": 2}, "canonical_replicas: 4 in checkpoint, 2 now"),
-    ({"k": 3}, "flush_every_k_chunks: 2 in checkpoint, 3 now"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"seed": 12}, "seed: 11 in checkpoint, 12 now"),
+        ({"batch_size": 8}, "batch_size: 4 in checkpoint, 8 now"),
+        ({"lanes": 2}, "canonical_replicas: 4 in checkpoint, 2 now"),
+        ({"k": 3}, "flush_every_k_chunks: 2 in checkpoint, 3 now"),
+    ],
+)
 def test_differently_configured_pipeline_is_incompatible(state, kwargs, needle):
     other = build(**kwargs)
     with pytest.raises(IncompatibleCheckpoint) as e:

@@ -29,16 +29,25 @@ def build(*, aggregate_dir=None, aggregate_store=None, aggregate_timeout_s: floa
 
     from zephon_core import Pipeline
 
-    return (Pipeline(source(8), canonical_replicas=4, flush_every_k_chunks=2, seed=11,
-                     prefetch=3, aggregate_dir=aggregate_dir, aggregate_store=aggregate_store,
-                     aggregate_timeout_s=aggregate_timeout_s)
-            .fetch(parallelism=2)
-            .map(byte_tokenize, parallelism=2, name="tokenize")
-            .split(max_len=128)
-            .pack(seq_len=128, bins=4)
-            .shuffle(buffer_size=16)
-            .ensure_mixture(window=8)
-            .batch(batch_size=4))
+    return (
+        Pipeline(
+            source(8),
+            canonical_replicas=4,
+            flush_every_k_chunks=2,
+            seed=11,
+            prefetch=3,
+            aggregate_dir=aggregate_dir,
+            aggregate_store=aggregate_store,
+            aggregate_timeout_s=aggregate_timeout_s,
+        )
+        .fetch(parallelism=2)
+        .map(byte_tokenize, parallelism=2, name="tokenize")
+        .split(max_len=128)
+        .pack(seq_len=128, bins=4)
+        .shuffle(buffer_size=16)
+        .ensure_mixture(window=8)
+        .batch(batch_size=4)
+    )
 
 
 # -- file synchronisation ------------------------------------------------------------
@@ -78,8 +87,10 @@ def apply_faults(spec: dict, log: dict) -> None:
     sync = Path(spec["sync"])
 
     if "merge_raises" in faults:  # the leader fails after collecting, before publishing
+
         def boom(*a, **k):
             raise RuntimeError("injected merge failure in the leader")
+
         aggregate.merge_reports = boom
 
     if "kill_after_state_write" in faults:  # SIGKILL right after this rank's state is stored
@@ -90,6 +101,7 @@ def apply_faults(spec: dict, log: dict) -> None:
                 _orig(self, key, value)
                 if ".state." in key:
                     os.kill(os.getpid(), signal.SIGKILL)
+
             cls.put = put
 
     if "signal_first_announce_poll" in faults:  # tell others once we looked for a round
@@ -101,6 +113,7 @@ def apply_faults(spec: dict, log: dict) -> None:
                 log["announce_polled"] = True
                 touch(sync / f"announce_polled.{spec['tag']}")
             return value
+
         storage.DirStorage.get = get
 
     if "signal_announce_read" in faults:  # tell others once we know the round id
@@ -112,6 +125,7 @@ def apply_faults(spec: dict, log: dict) -> None:
                 log["announce_read"] = True
                 touch(sync / f"announce_read.{spec['tag']}")
             return value
+
         storage.DirStorage.get = get2
 
     if "diverge_cursor" in faults:  # a model-parallel peer reports a different cursor
@@ -124,6 +138,7 @@ def apply_faults(spec: dict, log: dict) -> None:
             st.lanes[lane].cursor = c._replace(offset=c.offset + 1)
             log["diverged_lane"] = lane
             return st
+
         PipelineIterator._local_state = local_state
 
     if "drop_last_lane" in faults:  # a rank reports only part of its DP group's lanes
@@ -135,6 +150,7 @@ def apply_faults(spec: dict, log: dict) -> None:
             del st.lanes[dropped]
             log["dropped_lane"] = dropped
             return st
+
         PipelineIterator._local_state = local_state2
 
     # keys the storage saw written, so the leader can check a torch Store for leftovers
@@ -144,6 +160,7 @@ def apply_faults(spec: dict, log: dict) -> None:
         def put_logged(self, key, value, _orig=orig):
             log.setdefault("put_keys", []).append(key)
             _orig(self, key, value)
+
         cls.put = put_logged
 
 
@@ -161,7 +178,7 @@ def _rids(log: dict) -> list[str]:
     rids = []
     for k in log.get("put_keys", []):
         if k.endswith(".state.0"):
-            rids.append(k[:-len(".state.0")])
+            rids.append(k[: -len(".state.0")])
     return rids
 
 
@@ -205,8 +222,9 @@ def main(spec_path: str) -> None:
         backend = spec["backend"]
         kwargs = {"aggregate_timeout_s": spec["timeout"]}
         if spec.get("init_pg"):
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}",
-                                    rank=rank, world_size=world)
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world
+            )
         if backend == "dir":
             kwargs["aggregate_dir"] = spec["agg_dir"]
         elif backend == "torch":
@@ -216,8 +234,9 @@ def main(spec_path: str) -> None:
         elif backend == "tcpstore":
             import datetime
 
-            store = dist.TCPStore("127.0.0.1", spec["port"], world, rank == 0,
-                                  datetime.timedelta(seconds=30))
+            store = dist.TCPStore(
+                "127.0.0.1", spec["port"], world, rank == 0, datetime.timedelta(seconds=30)
+            )
             kwargs["aggregate_store"] = store
         elif backend == "filestore":
             store = dist.FileStore(spec["filestore"], world)
@@ -251,9 +270,13 @@ def main(spec_path: str) -> None:
                     entry["state"] = pipe.checkpoint()
                     entry["ok"] = True
                 except BaseException as e:  # noqa: BLE001 - reported to the test
-                    entry.update(ok=False, error_type=type(e).__name__,
-                                 error_mro=[c.__name__ for c in type(e).__mro__],
-                                 error=str(e), tb=traceback.format_exc())
+                    entry.update(
+                        ok=False,
+                        error_type=type(e).__name__,
+                        error_mro=[c.__name__ for c in type(e).__mro__],
+                        error=str(e),
+                        tb=traceback.format_exc(),
+                    )
                 entry["elapsed"] = time.monotonic() - t0
                 if backend == "dir":
                     entry["dir_after"] = dir_snapshot(spec["agg_dir"])

@@ -17,8 +17,9 @@ from helpers import finite_pipeline as build
 
 def main(spec: dict) -> None:
     rank, world = spec["rank"], spec["world"]
-    dist.init_process_group("gloo", init_method=f"file://{spec['init']}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{spec['init']}", rank=rank, world_size=world
+    )
     pipe = build()  # the topology comes from the process group
     handle = pipe.dataloader(num_workers=spec["workers"]) if spec["workers"] else pipe.iterate()
     outputs = [digest(o) for o in handle]
@@ -27,8 +28,9 @@ def main(spec: dict) -> None:
     again = build().iterate(restore=state)
     after = [digest(o) for o in again]
     again.close()
-    Path(spec["out"]).write_text(json.dumps({"outputs": outputs, "position": state["position"],
-                                             "after_restore": after}))
+    Path(spec["out"]).write_text(
+        json.dumps({"outputs": outputs, "position": state["position"], "after_restore": after})
+    )
     dist.destroy_process_group()
 
 

@@ -30,10 +30,10 @@ from zephon_core.distributed.aggregate import FAILED, report_from_dict
 from zephon_core.testing import first_difference, take
 
 WORKER = Path(__file__).resolve().with_name("agg_worker.py")
-K1, K2 = 3, 2          # outputs per rank before the first / second round
-CONTINUE = 6           # outputs compared after restoring a merged state
-SLACK_S = 2.5          # tolerance on top of aggregate_timeout_s for "within the budget"
-GUARD_S = 75           # hard limit for one group of processes
+K1, K2 = 3, 2  # outputs per rank before the first / second round
+CONTINUE = 6  # outputs compared after restoring a merged state
+SLACK_S = 2.5  # tolerance on top of aggregate_timeout_s for "within the budget"
+GUARD_S = 75  # hard limit for one group of processes
 
 
 # -- running ranks ----------------------------------------------------------------------
@@ -55,9 +55,16 @@ class Ranks:
         self.specs: dict[str, dict] = {}
 
     def add(self, tag: str, rank: int, world: int, *, rounds: list[dict], **spec) -> None:
-        self.specs[tag] = dict(tag=tag, rank=rank, world=world, rounds=rounds,
-                               sync=str(self.sync), out=str(self.dir / f"{tag}.pkl"),
-                               deadline_s=GUARD_S - 15, **spec)
+        self.specs[tag] = dict(
+            tag=tag,
+            rank=rank,
+            world=world,
+            rounds=rounds,
+            sync=str(self.sync),
+            out=str(self.dir / f"{tag}.pkl"),
+            deadline_s=GUARD_S - 15,
+            **spec,
+        )
 
     def run(self, guard_s: float = GUARD_S) -> dict[str, dict]:
         procs = {}
@@ -67,17 +74,21 @@ class Ranks:
                 path = self.dir / f"{tag}.json"
                 path.write_text(json.dumps(spec))
                 procs[tag] = subprocess.Popen(
-                    [sys.executable, str(WORKER), str(path)], env=env,
+                    [sys.executable, str(WORKER), str(path)],
+                    env=env,
                     stdout=open(self.dir / f"{tag}.stdout", "wb"),
-                    stderr=open(self.dir / f"{tag}.stderr", "wb"))
+                    stderr=open(self.dir / f"{tag}.stderr", "wb"),
+                )
             deadline = time.monotonic() + guard_s
             for proc in procs.values():
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    pytest.fail(f"rank processes still running after {guard_s}s (guard): "
-                                f"{[t for t, p in procs.items() if p.poll() is None]}\n"
-                                + self._stderr_tails())
+                    pytest.fail(
+                        f"rank processes still running after {guard_s}s (guard): "
+                        f"{[t for t, p in procs.items() if p.poll() is None]}\n"
+                        + self._stderr_tails()
+                    )
         finally:
             for proc in procs.values():  # only the processes this helper started
                 if proc.poll() is None:
@@ -104,10 +115,12 @@ class Ranks:
         for tag, res in results.items():
             if tag in killed:
                 assert res["returncode"] == -signal.SIGKILL, (
-                    f"{tag} should have been killed by SIGKILL, exit code {res['returncode']}")
+                    f"{tag} should have been killed by SIGKILL, exit code {res['returncode']}"
+                )
                 continue
             assert res["returncode"] == 0 and res["log"] is not None, (
-                f"{tag} exited with {res['returncode']}\n{self._stderr_tails()}")
+                f"{tag} exited with {res['returncode']}\n{self._stderr_tails()}"
+            )
             assert "crash" not in res["log"], f"{tag} crashed:\n{res['log']['crash']}"
             logs[tag] = res["log"]
         return logs
@@ -145,8 +158,11 @@ def assert_restores_to_global_stream(state: dict, position: int) -> None:
     p.load_state_dict(state)
     got = take(p, CONTINUE)
     p.close()
-    assert_same(ref[position:position + CONTINUE], got,
-                f"single process resumed from the merged state at position {position}")
+    assert_same(
+        ref[position : position + CONTINUE],
+        got,
+        f"single process resumed from the merged state at position {position}",
+    )
 
 
 # -- coordination directory checks --------------------------------------------------------
@@ -154,7 +170,8 @@ def assert_files_complete(files: dict[str, bytes], where: str) -> None:
     """Every file is a complete, decodable protocol file; no temporary files."""
     for name, data in files.items():
         assert ".tmp" not in name and not name.startswith("."), (
-            f"{where}: temporary file {name!r} left in the coordination directory")
+            f"{where}: temporary file {name!r} left in the coordination directory"
+        )
         if name == "announce":
             assert data.decode(), f"{where}: empty announcement"
         elif name.endswith(".merged"):
@@ -178,9 +195,11 @@ def err(entry: dict) -> str:
 
 def assert_failed(entry: dict, error_type: str, what: str) -> None:
     assert entry["called"] and not entry.get("ok"), (
-        f"{what}: checkpoint() should have raised {error_type}, it returned a state")
+        f"{what}: checkpoint() should have raised {error_type}, it returned a state"
+    )
     assert error_type in entry["error_mro"], (
-        f"{what}: expected {error_type}, got {err(entry)}\n{entry.get('tb', '')}")
+        f"{what}: expected {error_type}, got {err(entry)}\n{entry.get('tb', '')}"
+    )
 
 
 def assert_ok(entry: dict, what: str) -> None:
@@ -190,8 +209,14 @@ def assert_ok(entry: dict, what: str) -> None:
 # -- 1 + 4: successful rounds over a directory and over torch.distributed's TCPStore -------
 # (backend, world size, dp size): dp == world uses torch.distributed's topology as is;
 # dp < world binds model-parallel peers (ranks r and r+1 share dp rank r // 2).
-SCENARIOS = [("dir", 2, 2), ("dir", 4, 4), ("torch", 2, 2), ("torch", 4, 4),
-             ("default", 2, 2), ("dir", 4, 2)]
+SCENARIOS = [
+    ("dir", 2, 2),
+    ("dir", 4, 4),
+    ("torch", 2, 2),
+    ("torch", 4, 4),
+    ("default", 2, 2),
+    ("dir", 4, 2),
+]
 _RUNS: dict = {}
 
 
@@ -204,16 +229,27 @@ def scenario(tmp_path_factory, backend: str, world: int, dp: int):
         port = free_port()
         tags = [f"r{r}" for r in range(world)]
         for r in range(world):
-            spec = dict(backend=backend, timeout=8, init_pg=True, port=port,
-                        exit_tags=tags if backend != "dir" else [])
+            spec = dict(
+                backend=backend,
+                timeout=8,
+                init_pg=True,
+                port=port,
+                exit_tags=tags if backend != "dir" else [],
+            )
             if backend == "dir":
                 spec["agg_dir"] = str(agg_dir)
             if dp != world:
-                spec["bind"] = dict(rank=r, world_size=world, dp_rank=r * dp // world,
-                                    dp_size=dp)
-            ranks.add(f"r{r}", r, world, rounds=[
-                dict(take=K1, barrier="b1", barrier_tags=tags),
-                dict(take=K2, barrier="b2", barrier_tags=tags)], **spec)
+                spec["bind"] = dict(rank=r, world_size=world, dp_rank=r * dp // world, dp_size=dp)
+            ranks.add(
+                f"r{r}",
+                r,
+                world,
+                rounds=[
+                    dict(take=K1, barrier="b1", barrier_tags=tags),
+                    dict(take=K2, barrier="b2", barrier_tags=tags),
+                ],
+                **spec,
+            )
         results = ranks.run()
         _RUNS[key] = (ranks.logs(results), agg_dir)
     return _RUNS[key]
@@ -236,8 +272,11 @@ def test_every_rank_gets_the_single_process_state(tmp_path_factory, backend, wor
         for tag, st in zip(logs, states):
             assert_same(states[0], st, f"round {i + 1}: merged state of {tag} vs r0")
         assert states[0]["position"] == pos
-        assert_same(ref["states"][pos], states[0],
-                    f"round {i + 1}: merged state vs single process after {pos} outputs")
+        assert_same(
+            ref["states"][pos],
+            states[0],
+            f"round {i + 1}: merged state vs single process after {pos} outputs",
+        )
         assert_restores_to_global_stream(states[0], pos)
 
     # the ranks' outputs interleave into the single-process stream (dp rank d takes
@@ -250,7 +289,7 @@ def test_every_rank_gets_the_single_process_state(tmp_path_factory, backend, wor
             assert_same(per_dp[d], outs, f"model-parallel peer r{r} vs its dp group")
         per_dp[d] = outs
     stream = [per_dp[d][i] for i in range(K1 + K2) for d in range(dp)]
-    assert_same(ref["outputs"][:dp * (K1 + K2)], stream, "interleaved rank outputs")
+    assert_same(ref["outputs"][: dp * (K1 + K2)], stream, "interleaved rank outputs")
 
 
 @pytest.mark.parametrize("backend,world,dp", SCENARIOS, ids=map(_id, SCENARIOS))
@@ -264,25 +303,31 @@ def test_round_leaves_only_the_merged_marker(tmp_path_factory, backend, world, d
             files = entry["dir_after"]
             assert len(files) == 1 and next(iter(files)).endswith(".merged"), (
                 f"after round {i + 1} the directory should hold only '<rid>.merged', "
-                f"found {sorted(files)}")
+                f"found {sorted(files)}"
+            )
             name, data = next(iter(files.items()))
-            assert_same(entry["state"], codec.decode(data),
-                        f"round {i + 1}: marker {name} vs the returned merged state")
+            assert_same(
+                entry["state"],
+                codec.decode(data),
+                f"round {i + 1}: marker {name} vs the returned merged state",
+            )
             merged_names.append(name)
         else:
             live = entry["store_live"]
             assert len(live) == 1 and live[0].endswith(".merged"), (
                 f"after round {i + 1} the store should hold only '<rid>.merged' of this "
-                f"round, found {live}")
+                f"round, found {live}"
+            )
             merged_names.append(live[0])
     assert merged_names[0] != merged_names[1], "each round needs its own round id"
     if backend == "dir":
         assert os.listdir(agg_dir) == [], (
-            f"after every rank's close() the directory must be empty: {os.listdir(agg_dir)}")
+            f"after every rank's close() the directory must be empty: {os.listdir(agg_dir)}"
+        )
     else:
         assert leader["store_live_after_close"] == [], (
-            f"after close() protocol keys remain in the store: "
-            f"{leader['store_live_after_close']}")
+            f"after close() protocol keys remain in the store: {leader['store_live_after_close']}"
+        )
 
 
 # -- 2: an explicit Store object, ranks given by bind(), no process group ----------------
@@ -292,18 +337,31 @@ def test_explicit_store_object_with_bind(tmp_path, kind):
     port, world = free_port(), 2
     tags = ["r0", "r1"]
     for r in range(world):
-        ranks.add(f"r{r}", r, world, backend=kind, timeout=8, port=port,
-                  filestore=str(tmp_path / "filestore"), exit_tags=tags,
-                  bind=dict(rank=r, world_size=world), rounds=[
-                      dict(take=K1, barrier="b1", barrier_tags=tags),
-                      dict(take=K2, barrier="b2", barrier_tags=tags)])
+        ranks.add(
+            f"r{r}",
+            r,
+            world,
+            backend=kind,
+            timeout=8,
+            port=port,
+            filestore=str(tmp_path / "filestore"),
+            exit_tags=tags,
+            bind=dict(rank=r, world_size=world),
+            rounds=[
+                dict(take=K1, barrier="b1", barrier_tags=tags),
+                dict(take=K2, barrier="b2", barrier_tags=tags),
+            ],
+        )
     logs = ranks.logs(ranks.run())
     ref = reference()
     for i, pos in enumerate((world * K1, world * (K1 + K2))):
         for tag in tags:
             assert_ok(logs[tag]["rounds"][i], f"{tag} round {i + 1}")
-            assert_same(ref["states"][pos], logs[tag]["rounds"][i]["state"],
-                        f"{tag} round {i + 1}: merged state vs single process")
+            assert_same(
+                ref["states"][pos],
+                logs[tag]["rounds"][i]["state"],
+                f"{tag} round {i + 1}: merged state vs single process",
+            )
         live = logs["r0"]["rounds"][i]["store_live"]
         assert len(live) == 1 and live[0].endswith(".merged"), live
     assert logs["r0"]["store_live_after_close"] == []
@@ -311,8 +369,16 @@ def test_explicit_store_object_with_bind(tmp_path, kind):
 
 
 # -- 3: faults ---------------------------------------------------------------------------
-def fault_ranks(tmp_path: Path, world: int, timeout: float, *, per_rank=None, name="procs",
-                agg_dir: Path | None = None, take: int = K1) -> Ranks:
+def fault_ranks(
+    tmp_path: Path,
+    world: int,
+    timeout: float,
+    *,
+    per_rank=None,
+    name="procs",
+    agg_dir: Path | None = None,
+    take: int = K1,
+) -> Ranks:
     """``world`` ranks over a directory, bound with bind(rank, world_size), one round after
     a barrier; ``per_rank[r]`` overrides the spec of rank r (and of its round via 'round')."""
     ranks = Ranks(tmp_path, name)
@@ -321,8 +387,12 @@ def fault_ranks(tmp_path: Path, world: int, timeout: float, *, per_rank=None, na
         over = dict((per_rank or {}).get(r, {}))
         rnd = dict(take=take, barrier="b1", barrier_tags=tags)
         rnd.update(over.pop("round", {}))
-        spec = dict(backend="dir", agg_dir=str(agg_dir or tmp_path / "agg"), timeout=timeout,
-                    bind=dict(rank=r, world_size=world))
+        spec = dict(
+            backend="dir",
+            agg_dir=str(agg_dir or tmp_path / "agg"),
+            timeout=timeout,
+            bind=dict(rank=r, world_size=world),
+        )
         spec.update(over)
         ranks.add(f"r{r}", r, world, rounds=[rnd], **spec)
     return ranks
@@ -333,9 +403,15 @@ def test_rank_that_never_checkpoints_is_named_within_the_budget(tmp_path):
     # start at global position 6 (restored), so rank 3 owns lane 1 and ranks != lanes
     start = tmp_path / "start.ckpt"
     codec.write_atomic(start, codec.encode(reference()["states"][6]))
-    ranks = fault_ranks(tmp_path, world, timeout, per_rank={
-        r: dict(restore=str(start), **({"round": {"skip": True}} if r == 3 else {}))
-        for r in range(world)})
+    ranks = fault_ranks(
+        tmp_path,
+        world,
+        timeout,
+        per_rank={
+            r: dict(restore=str(start), **({"round": {"skip": True}} if r == 3 else {}))
+            for r in range(world)
+        },
+    )
     logs = ranks.logs(ranks.run())
 
     lead = logs["r0"]["rounds"][0]
@@ -345,12 +421,14 @@ def test_rank_that_never_checkpoints_is_named_within_the_budget(tmp_path):
     assert re.search(r"\blanes?\b[^.]*\[1\]", msg), f"the error must name lane 1: {msg}"
     assert not re.search(r"\branks?\b\W*\[?[0-2]\b", msg), f"only rank 3 is missing: {msg}"
     assert timeout - 0.25 <= lead["elapsed"] <= timeout + SLACK_S, (
-        f"leader gave up after {lead['elapsed']:.2f}s, budget {timeout}s")
+        f"leader gave up after {lead['elapsed']:.2f}s, budget {timeout}s"
+    )
     for tag in ("r1", "r2"):
         entry = logs[tag]["rounds"][0]
         assert_failed(entry, "AggregationError", tag)
         assert entry["elapsed"] <= timeout + SLACK_S, (
-            f"{tag} failed after {entry['elapsed']:.2f}s, budget {timeout}s")
+            f"{tag} failed after {entry['elapsed']:.2f}s, budget {timeout}s"
+        )
     assert_files_complete(dir_files(tmp_path / "agg"), "after the failed round")
 
 
@@ -364,19 +442,24 @@ def test_leader_failure_notice_makes_followers_fail_fast(tmp_path):
     fol = logs["r1"]["rounds"][0]
     assert_failed(fol, "AggregationError", "follower")
     assert "injected merge failure" in fol["error"], (
-        f"the follower's error must carry the leader's failure notice: {fol['error']}")
+        f"the follower's error must carry the leader's failure notice: {fol['error']}"
+    )
     assert fol["elapsed"] < timeout / 2, (
         f"the follower waited {fol['elapsed']:.2f}s of its {timeout}s budget despite the "
-        "failure notice")
+        "failure notice"
+    )
     files = dir_files(tmp_path / "agg")
     assert_files_complete(files, "after the failed round")
     assert not [n for n in files if ".state." in n or n == "announce"], (
-        f"a failed round must not leave states or an open announcement: {sorted(files)}")
+        f"a failed round must not leave states or an open announcement: {sorted(files)}"
+    )
 
 
 # rank 1 serves the lanes of dp rank 2 but reports as dp rank 1
-LIAR = dict(bind=dict(rank=1, world_size=4, dp_rank=2, dp_size=4),
-            round=dict(declare=dict(rank=1, world_size=4, dp_rank=1, dp_size=4)))
+LIAR = dict(
+    bind=dict(rank=1, world_size=4, dp_rank=2, dp_size=4),
+    round=dict(declare=dict(rank=1, world_size=4, dp_rank=1, dp_size=4)),
+)
 OTHER_LAYOUT = dict(bind=dict(rank=3, world_size=4, dp_rank=1, dp_size=2))
 MISMATCHES = {
     # rank 3 runs with dp_size 2 while the leader (and everyone else) uses dp_size 4 ...
@@ -385,10 +468,16 @@ MISMATCHES = {
     "other_dp_layout_same_position": (4, {3: dict(OTHER_LAYOUT, round=dict(take=2 * K1))}),
     # rank 1 reports lanes of another rank; it only writes its state once ranks 2 and 3
     # have joined the round (the late-joiner case is test_follower_joining_after_...)
-    "lanes_of_another_rank": (4, {
-        1: dict(LIAR, round=dict(LIAR["round"], wait_files=["announce_read.r2",
-                                                             "announce_read.r3"])),
-        2: dict(faults=["signal_announce_read"]), 3: dict(faults=["signal_announce_read"])}),
+    "lanes_of_another_rank": (
+        4,
+        {
+            1: dict(
+                LIAR, round=dict(LIAR["round"], wait_files=["announce_read.r2", "announce_read.r3"])
+            ),
+            2: dict(faults=["signal_announce_read"]),
+            3: dict(faults=["signal_announce_read"]),
+        },
+    ),
     # rank 1 reports only one of the two lanes its dp rank owns
     "incomplete_lanes": (2, {1: dict(faults=["drop_last_lane"])}),
 }
@@ -403,12 +492,14 @@ def test_lane_mapping_mismatch_raises_topology_error_at_once(tmp_path, case):
     lead = logs["r0"]["rounds"][0]
     assert_failed(lead, "TopologyError", "leader")
     assert lead["elapsed"] < timeout / 2, (
-        f"the leader took {lead['elapsed']:.2f}s: a mismatch must raise at once, not wait")
+        f"the leader took {lead['elapsed']:.2f}s: a mismatch must raise at once, not wait"
+    )
     for r in range(1, world):
         entry = logs[f"r{r}"]["rounds"][0]
         assert_failed(entry, "AggregationError", f"r{r}")
         assert "TopologyError" in entry["error"], (
-            f"r{r} should fail with the leader's failure notice: {entry['error']}")
+            f"r{r} should fail with the leader's failure notice: {entry['error']}"
+        )
         assert entry["elapsed"] < timeout / 2, f"r{r} waited {entry['elapsed']:.2f}s"
 
 
@@ -418,11 +509,19 @@ def test_follower_joining_after_the_leader_failed_gets_the_notice(tmp_path):
     their budget (in practice this is a race of milliseconds between the ranks)."""
     timeout, world = 4.0, 4
     late = dict(round=dict(barrier=None, wait_files=["leader_done"]))
-    ranks = fault_ranks(tmp_path, world, timeout, per_rank={
-        0: dict(round=dict(barrier="b01", barrier_tags=["r0", "r1"],
-                           signal_after="leader_done")),
-        1: dict(LIAR, round=dict(LIAR["round"], barrier="b01", barrier_tags=["r0", "r1"])),
-        2: late, 3: late})
+    ranks = fault_ranks(
+        tmp_path,
+        world,
+        timeout,
+        per_rank={
+            0: dict(
+                round=dict(barrier="b01", barrier_tags=["r0", "r1"], signal_after="leader_done")
+            ),
+            1: dict(LIAR, round=dict(LIAR["round"], barrier="b01", barrier_tags=["r0", "r1"])),
+            2: late,
+            3: late,
+        },
+    )
     logs = ranks.logs(ranks.run())
     assert_failed(logs["r0"]["rounds"][0], "TopologyError", "leader")
     for r in (1, 2, 3):
@@ -430,13 +529,16 @@ def test_follower_joining_after_the_leader_failed_gets_the_notice(tmp_path):
         assert_failed(entry, "AggregationError", f"r{r}")
         assert "TopologyError" in entry["error"] and entry["elapsed"] < timeout / 2, (
             f"r{r} should fail at once with the leader's failure notice; after "
-            f"{entry['elapsed']:.2f}s it got: {entry['error']}")
+            f"{entry['elapsed']:.2f}s it got: {entry['error']}"
+        )
 
 
 def test_model_parallel_peers_that_disagree_are_rejected(tmp_path):
     timeout, world, dp = 8.0, 4, 2
-    per_rank = {r: dict(bind=dict(rank=r, world_size=world, dp_rank=r // 2, dp_size=dp))
-                for r in range(world)}
+    per_rank = {
+        r: dict(bind=dict(rank=r, world_size=world, dp_rank=r // 2, dp_size=dp))
+        for r in range(world)
+    }
     per_rank[3]["faults"] = ["diverge_cursor"]
     ranks = fault_ranks(tmp_path, world, timeout, per_rank=per_rank)
     logs = ranks.logs(ranks.run())
@@ -444,7 +546,8 @@ def test_model_parallel_peers_that_disagree_are_rejected(tmp_path):
     lead = logs["r0"]["rounds"][0]
     assert_failed(lead, "IncompatibleCheckpoint", "leader")
     assert re.search(rf"\blane {lane}\b", lead["error"]), (
-        f"the error must name lane {lane}: {lead['error']}")
+        f"the error must name lane {lane}: {lead['error']}"
+    )
     assert lead["elapsed"] < timeout / 2
     for r in (1, 2, 3):
         entry = logs[f"r{r}"]["rounds"][0]
@@ -473,21 +576,42 @@ def test_follower_killed_mid_round_then_a_replacement_completes_the_next_round(t
     common = dict(backend="dir", agg_dir=str(agg), timeout=timeout)
     # the leader: round 1 with the doomed follower, round 2 (same position) with the
     # replacement, which only joins once round 1 is over
-    ranks.add("r0", 0, world, bind=dict(rank=0, world_size=world), rounds=[
-        dict(take=K1, barrier="b1", barrier_tags=["r0", "r1"]),
-        dict(take=0, barrier="b2", barrier_tags=["r0", "r1new"])], **common)
-    ranks.add("r1", 1, world, bind=dict(rank=1, world_size=world),
-              faults=["kill_after_state_write"],
-              rounds=[dict(take=K1, barrier="b1", barrier_tags=["r0", "r1"])], **common)
-    ranks.add("r1new", 1, world, bind=dict(rank=1, world_size=world),
-              rounds=[dict(take=K1, barrier="b2", barrier_tags=["r0", "r1new"])], **common)
+    ranks.add(
+        "r0",
+        0,
+        world,
+        bind=dict(rank=0, world_size=world),
+        rounds=[
+            dict(take=K1, barrier="b1", barrier_tags=["r0", "r1"]),
+            dict(take=0, barrier="b2", barrier_tags=["r0", "r1new"]),
+        ],
+        **common,
+    )
+    ranks.add(
+        "r1",
+        1,
+        world,
+        bind=dict(rank=1, world_size=world),
+        faults=["kill_after_state_write"],
+        rounds=[dict(take=K1, barrier="b1", barrier_tags=["r0", "r1"])],
+        **common,
+    )
+    ranks.add(
+        "r1new",
+        1,
+        world,
+        bind=dict(rank=1, world_size=world),
+        rounds=[dict(take=K1, barrier="b2", barrier_tags=["r0", "r1new"])],
+        **common,
+    )
     logs = ranks.logs(ranks.run(), killed=("r1",))
 
     first, second = logs["r0"]["rounds"]
     assert_failed(first, "AggregationError", "leader, round with the killed follower")
     assert re.search(r"\b1\b", first["error"]), f"the error must name rank 1: {first['error']}"
     assert first["elapsed"] <= timeout + SLACK_S, (
-        f"the leader failed after {first['elapsed']:.2f}s, budget {timeout}s")
+        f"the leader failed after {first['elapsed']:.2f}s, budget {timeout}s"
+    )
     assert_files_complete(first["dir_after"], "right after the failed round")
     failed_markers = [n for n in first["dir_after"] if n.endswith(".merged")]
 
@@ -500,11 +624,13 @@ def test_follower_killed_mid_round_then_a_replacement_completes_the_next_round(t
     stale = [n for n in failed_markers if n in second["dir_after"]]
     assert not stale, (
         f"the failed round's merged marker {stale} must be deleted once the next round has "
-        f"been fully acknowledged; directory: {sorted(second['dir_after'])}")
+        f"been fully acknowledged; directory: {sorted(second['dir_after'])}"
+    )
     left = dir_files(agg)
     assert_files_complete(left, "after shutdown")
     assert not [n for n in left if n.endswith(".merged") or n == "announce"], (
-        f"merged markers / announcements left after every rank shut down: {sorted(left)}")
+        f"merged markers / announcements left after every rank shut down: {sorted(left)}"
+    )
 
 
 def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path):
@@ -512,8 +638,14 @@ def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path)
     agg = tmp_path / "agg"
     # the leader dies right after writing its own state: the follower must give up with a
     # clear AggregationError within its budget
-    ranks = fault_ranks(tmp_path, world, timeout, agg_dir=agg, name="crash",
-                        per_rank={0: dict(faults=["kill_after_state_write"])})
+    ranks = fault_ranks(
+        tmp_path,
+        world,
+        timeout,
+        agg_dir=agg,
+        name="crash",
+        per_rank={0: dict(faults=["kill_after_state_write"])},
+    )
     logs = ranks.logs(ranks.run(), killed=("r0",))
     fol = logs["r1"]["rounds"][0]
     assert_failed(fol, "AggregationError", "follower of the killed leader")
@@ -524,18 +656,35 @@ def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path)
     # the new leader announces one (what a restart usually looks like)
     ranks = Ranks(tmp_path, "restart")
     common = dict(backend="dir", agg_dir=str(agg), timeout=timeout)
-    ranks.add("n0", 0, world, bind=dict(rank=0, world_size=world), **common,
-              rounds=[dict(take=K1, wait_files=["announce_polled.n1"])])
-    ranks.add("n1", 1, world, bind=dict(rank=1, world_size=world), **common,
-              faults=["signal_first_announce_poll"], rounds=[dict(take=K1)])
+    ranks.add(
+        "n0",
+        0,
+        world,
+        bind=dict(rank=0, world_size=world),
+        **common,
+        rounds=[dict(take=K1, wait_files=["announce_polled.n1"])],
+    )
+    ranks.add(
+        "n1",
+        1,
+        world,
+        bind=dict(rank=1, world_size=world),
+        **common,
+        faults=["signal_first_announce_poll"],
+        rounds=[dict(take=K1)],
+    )
     logs = ranks.logs(ranks.run())
     entries = {tag: logs[tag]["rounds"][0] for tag in ("n0", "n1")}
     assert all(e.get("ok") for e in entries.values()), (
         "the restarted ranks could not complete a round after the leader was killed: "
-        + "; ".join(f"{t}: {err(e)}" for t, e in entries.items() if not e.get("ok")))
+        + "; ".join(f"{t}: {err(e)}" for t, e in entries.items() if not e.get("ok"))
+    )
     for tag in ("n0", "n1"):
-        assert_same(reference()["states"][world * K1], logs[tag]["rounds"][0]["state"],
-                    f"restarted {tag}: merged state vs single process")
+        assert_same(
+            reference()["states"][world * K1],
+            logs[tag]["rounds"][0]["state"],
+            f"restarted {tag}: merged state vs single process",
+        )
     left = dir_files(agg)
     assert_files_complete(left, "after the restarted ranks shut down")
     assert not [n for n in left if n.endswith(".merged") or n == "announce"], sorted(left)

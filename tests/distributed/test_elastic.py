@@ -52,11 +52,17 @@ def reference(lanes: int, n: int) -> list:
     return list(_reference(lanes, n))
 
 
-def Job(build_fn: Callable, D: int, W: int | list[int], state=None, *, mp: int = 1,
-        loader_kwargs: dict | None = None) -> SimulatedRanks:
+def Job(
+    build_fn: Callable,
+    D: int,
+    W: int | list[int],
+    state=None,
+    *,
+    mp: int = 1,
+    loader_kwargs: dict | None = None,
+) -> SimulatedRanks:
     """``D`` simulated data-parallel ranks (times ``mp`` peers), ``W`` workers each."""
     return SimulatedRanks(build_fn, D, W, state, mp=mp, loader_kwargs=loader_kwargs)
-
 
 
 def run_global(lanes: int, D: int, W: int, steps: int, **kw) -> list:
@@ -64,8 +70,15 @@ def run_global(lanes: int, D: int, W: int, steps: int, **kw) -> list:
         return job.steps(steps)
 
 
-def cut_and_resume(lanes: int, before: tuple[int, int], k: int, after: tuple[int, int],
-                   more: int, salt: int = 0, build_fn: Callable | None = None):
+def cut_and_resume(
+    lanes: int,
+    before: tuple[int, int],
+    k: int,
+    after: tuple[int, int],
+    more: int,
+    salt: int = 0,
+    build_fn: Callable | None = None,
+):
     """Run ``k`` steps at ``before`` = (D, W), checkpoint, resume at ``after`` for ``more``
     steps. Returns (head, merged state, tail)."""
     build_fn = build_fn or (lambda: build(lanes))
@@ -80,6 +93,7 @@ def cut_and_resume(lanes: int, before: tuple[int, int], k: int, after: tuple[int
 
 # -- the same global stream for every layout -----------------------------------------------
 
+
 @pytest.mark.parametrize("lanes", [4, 8])
 @pytest.mark.parametrize("D, W", [(1, 0), (1, 2), (2, 0), (2, 2), (4, 0)])
 def test_global_stream_is_independent_of_layout(lanes, D, W):
@@ -92,9 +106,11 @@ def test_global_stream_is_independent_of_layout(lanes, D, W):
 
 # -- model-parallel peers -----------------------------------------------------------------------
 
+
 def test_model_parallel_peers_get_identical_batches_and_merge():
     """world 4 = 2 DP groups x 2 model-parallel peers. ``prefetch=0`` keeps every rank's
     state a pure function of what it consumed, so the peer check is exact."""
+
     def build_fn():
         return build(4, prefetch=0)
 
@@ -108,8 +124,12 @@ def test_model_parallel_peers_get_identical_batches_and_merge():
             stream += [outs[0], outs[2]]
         assert_streams_equal(ref[:10], stream, "DP groups of world 4")
         reports = job.reports()
-        assert [(r["rank"], r["dp_rank"], r["dp_size"]) for r in reports] == \
-            [(0, 0, 2), (1, 0, 2), (2, 1, 2), (3, 1, 2)]
+        assert [(r["rank"], r["dp_rank"], r["dp_size"]) for r in reports] == [
+            (0, 0, 2),
+            (1, 0, 2),
+            (2, 1, 2),
+            (3, 1, 2),
+        ]
         assert reports[0]["state"] == reports[1]["state"]
         merged = merge_local_checkpoints(reports, num_lanes=4)
         assert merged["position"] == 10
@@ -121,7 +141,7 @@ def test_model_parallel_peers_get_identical_batches_and_merge():
             lane_states = bad[victim]["state"]["lanes"]
             target = lane_states[-1]
             cur = list(target["cursor"])
-            cur[2] += 1                                      # another offset
+            cur[2] += 1  # another offset
             target["cursor"] = cur
             with pytest.raises(IncompatibleCheckpoint) as ei:
                 merge_local_checkpoints(bad, num_lanes=4)
@@ -156,6 +176,7 @@ def test_model_parallel_peer_reports_do_not_depend_on_pump_progress(other):
     is given time to pump ahead; peer 1 consumes the same outputs through
     ``dataloader(num_workers=0)`` (or without a pump thread). Merging must succeed and the
     result must resume exactly."""
+
     def peer(rank: int):
         pipe = build(4, prefetch=0 if (rank == 1 and other == "prefetch0") else 3)
         return pipe.bind(rank=rank, world_size=2, dp_rank=0, dp_size=1)
@@ -168,8 +189,8 @@ def test_model_parallel_peer_reports_do_not_depend_on_pump_progress(other):
         a, b = next(it0), next(it1)
         assert first_difference(a, b) is None
         deadline = time.monotonic() + 5
-        while (pipes[0].stats()["inflight_chunks"][1] == 0 and time.monotonic() < deadline):
-            time.sleep(0.01)   # let peer 0's pump fetch ahead on lane 1
+        while pipes[0].stats()["inflight_chunks"][1] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # let peer 0's pump fetch ahead on lane 1
         reports = [p.local_checkpoint() for p in pipes]
         merged = merge_local_checkpoints(reports, num_lanes=4)
     finally:
@@ -193,9 +214,8 @@ RESUMES = [
 ]
 
 
-@pytest.mark.parametrize("k", [0, 3, 5])   # C/D = 4 (or 8): 3 and 5 are no multiples
-@pytest.mark.parametrize("before, after", RESUMES,
-                         ids=[f"{b}->{a}" for b, a in RESUMES])
+@pytest.mark.parametrize("k", [0, 3, 5])  # C/D = 4 (or 8): 3 and 5 are no multiples
+@pytest.mark.parametrize("before, after", RESUMES, ids=[f"{b}->{a}" for b, a in RESUMES])
 def test_exact_resume_across_topologies(before, after, k):
     more = 6
     D, D2 = before[0], after[0]
@@ -228,6 +248,7 @@ def test_resume_twice_across_three_topologies():
 
 # -- prefetched batches, pipe.checkpoint() and re-iteration with workers -------------------------
 
+
 @pytest.mark.parametrize("k", [0, 1, 5])
 def test_prefetched_unconsumed_batches_are_reproduced_world1(k):
     ref = reference(4, k + 6)
@@ -236,7 +257,7 @@ def test_prefetched_unconsumed_batches_are_reproduced_world1(k):
     it = iter(loader)
     try:
         head = [next(it) for _ in range(k)]
-        time.sleep(0.3)            # workers fill their prefetch queues (up to 8 batches)
+        time.sleep(0.3)  # workers fill their prefetch queues (up to 8 batches)
         state = pipe.checkpoint()
     finally:
         it.close()
@@ -254,7 +275,7 @@ def test_prefetched_unconsumed_batches_are_reproduced_world1(k):
         it.close()
         again.close()
     assert first_difference(ref[k], first) is None, "first batch after restore is not ref[k]"
-    assert_streams_equal(ref[k + 1:], rest, "after restore")
+    assert_streams_equal(ref[k + 1 :], rest, "after restore")
 
 
 def test_prefetched_unconsumed_batches_are_reproduced_two_ranks():
@@ -265,12 +286,11 @@ def test_prefetched_unconsumed_batches_are_reproduced_two_ranks():
         head = job.steps(k)
         time.sleep(0.3)
         state = job.checkpoint(through_bytes=True)
-    assert_streams_equal(ref[:2 * k], head, "head")
+    assert_streams_equal(ref[: 2 * k], head, "head")
     reseed_globals(7)
-    with Job(lambda: build(), 2, 2, state=state,
-             loader_kwargs=dict(prefetch_factor=4)) as job:
+    with Job(lambda: build(), 2, 2, state=state, loader_kwargs=dict(prefetch_factor=4)) as job:
         tail = job.steps(more)
-    assert_streams_equal(ref[2 * k:], tail, "resume after prefetching workers")
+    assert_streams_equal(ref[2 * k :], tail, "resume after prefetching workers")
 
 
 DELIVERY_KEYS = ("lane", "floor", "cursor", "delivered", "exhausted", "tokens")
@@ -346,16 +366,16 @@ def test_reiterating_the_loader_continues_where_consumption_stopped():
         out = [next(it) for _ in range(3)]
         it.close()
         del it
-        it = iter(loader)                   # workers restart from the consumed state
+        it = iter(loader)  # workers restart from the consumed state
         out += [next(it) for _ in range(4)]
         assert pipe.checkpoint()["position"] == 7
-        del it                              # dropped without close(): same
+        del it  # dropped without close(): same
         it = iter(loader)
         out += [next(it) for _ in range(5)]
         it.close()
-        it = iter(loader)                   # a new iterator that takes nothing ...
+        it = iter(loader)  # a new iterator that takes nothing ...
         it.close()
-        it = iter(loader)                   # ... changes nothing
+        it = iter(loader)  # ... changes nothing
         out += [next(it) for _ in range(4)]
         it.close()
         assert pipe.checkpoint()["position"] == 16
@@ -388,11 +408,12 @@ def test_reiterating_a_restored_loader():
 
 # -- inconsistent reports ------------------------------------------------------------------------
 
+
 def test_reports_from_different_steps_are_rejected():
     with Job(lambda: build(prefetch=0), 2, 0) as job:
         job.steps(2)
         r0 = job.handles[0].local_checkpoint()
-        next(job.iters[1])                  # rank 1 is one step further
+        next(job.iters[1])  # rank 1 is one step further
         r1 = job.handles[1].local_checkpoint()
     with pytest.raises(IncompatibleCheckpoint, match="different steps") as ei:
         merge_local_checkpoints([r0, r1], num_lanes=C8)
@@ -467,6 +488,7 @@ def test_report_with_the_wrong_lane_mapping_is_a_topology_error():
 
 # -- finite streams through the DataLoader -----------------------------------------------------
 
+
 def _finite(lanes: int = 4):
     return build(lanes, num_epochs=1, prefetch=0)
 
@@ -488,11 +510,11 @@ def test_finite_stream_through_loader_is_the_plain_stream(W):
     assert_streams_equal(ref, got, f"finite stream, W={W}")
 
 
-@pytest.mark.parametrize("W", [0, 1])   # W=2 also reorders the tail (test above)
+@pytest.mark.parametrize("W", [0, 1])  # W=2 also reorders the tail (test above)
 def test_finite_stream_loader_checkpoint_after_a_lane_ended(W):
     """A checkpoint taken through the loader after some lanes ended (and after the very end)
-    must be restorable and continue the stream exactly (docs/design.md §8: after the end it restores to
-    an exhausted iterator)."""
+    must be restorable and continue the stream exactly (docs/design.md §8: after the end it
+    restores to an exhausted iterator)."""
     plain = _finite()
     try:
         ref = list(plain)
@@ -502,8 +524,9 @@ def test_finite_stream_loader_checkpoint_after_a_lane_ended(W):
         plain = _finite()
         try:
             take(plain, k + 1 if k < len(ref) else k)
-            assert any(ls["exhausted"] for ls in plain.checkpoint()["lanes"]), \
+            assert any(ls["exhausted"] for ls in plain.checkpoint()["lanes"]), (
                 "pick a cut after the first lane ended"
+            )
         finally:
             plain.close()
         pipe = _finite()
@@ -526,6 +549,7 @@ def test_finite_stream_loader_checkpoint_after_a_lane_ended(W):
 
 # -- property: any layout, any cut, any new layout -------------------------------------------------
 
+
 @st.composite
 def layouts(draw, lanes: int):
     D = draw(st.sampled_from([d for d in (1, 2, 3, 4, 6, 8) if lanes % d == 0]))
@@ -542,8 +566,13 @@ def elastic_cases(draw):
     return lanes, before, after, k
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(case=elastic_cases())
 def test_property_resume_at_another_layout(case):
     lanes, before, after, k = case

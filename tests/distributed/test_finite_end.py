@@ -29,10 +29,15 @@ def run_ranks(tmp_path: Path, world: int, workers: int) -> list[dict]:
     procs, outs = [], []
     for rank in range(world):
         out = tmp_path / f"r{rank}.json"
-        spec = dict(rank=rank, world=world, init=str(tmp_path / "pg"), out=str(out),
-                    workers=workers)
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)],
-                                      env=worker_env(PYTHONUNBUFFERED="1")))
+        spec = dict(
+            rank=rank, world=world, init=str(tmp_path / "pg"), out=str(out), workers=workers
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), json.dumps(spec)],
+                env=worker_env(PYTHONUNBUFFERED="1"),
+            )
+        )
         outs.append(out)
     try:
         for p in procs:
@@ -61,7 +66,7 @@ def test_ranks_end_together_at_the_first_step_with_an_ended_lane(tmp_path, singl
     assert len(set(counts)) == 1, f"ranks ended at different steps: {counts}"
     steps = counts[0]
     stream = [ranks[r]["outputs"][i] for i in range(steps) for r in range(world)]
-    assert stream == single[:len(stream)], "the multi-rank stream is a prefix of the global one"
+    assert stream == single[: len(stream)], "the multi-rank stream is a prefix of the global one"
     assert len(stream) < len(single), "a lane ended first: the ranks stop before the tail"
     # the checkpoint is the state after the last complete step; it ends at once again
     assert all(r["position"] == ranks[0]["position"] for r in ranks)
@@ -76,8 +81,13 @@ def test_simulated_ranks_resume_a_finite_stream_exactly(single, dp, resume_dp, w
 
     total = len(single)
     cuts = [c - c % 2 for c in (2, total // 2, total - 40)]
-    report = assert_resume_equivalent(build, cut_points=cuts, total=total + 10,
-                                      dp_size=dp, resume_dp_size=resume_dp,
-                                      num_workers=workers)
+    report = assert_resume_equivalent(
+        build,
+        cut_points=cuts,
+        total=total + 10,
+        dp_size=dp,
+        resume_dp_size=resume_dp,
+        num_workers=workers,
+    )
     if dp > 1:
         assert report.total < total  # the ranks' stream ends before the single one

@@ -32,7 +32,7 @@ def test_state_after_consumed_batch_while_loader_read_ahead(num_workers, ahead):
     p = reference_pipeline()
     it = iter(p.dataloader(num_workers=num_workers))
     got = [next(it) for _ in range(consumed + ahead)]
-    assert_streams_equal(ref[:consumed + ahead], got, "loader prefix")
+    assert_streams_equal(ref[: consumed + ahead], got, "loader prefix")
     state = p.checkpoint(served=consumed)
     del it
     assert state["position"] == consumed

@@ -33,39 +33,46 @@ def valid_layouts(max_lanes: int = 12):
 
 # -- the formulas, checked by hand -------------------------------------------------------
 
-@pytest.mark.parametrize("C, D, r, g0, lanes", [
-    (4, 1, 0, 0, [0, 1, 2, 3]),
-    (4, 1, 0, 3, [3, 0, 1, 2]),
-    (8, 2, 0, 0, [0, 2, 4, 6]),
-    (8, 2, 1, 0, [1, 3, 5, 7]),
-    (8, 2, 0, 3, [3, 5, 7, 1]),
-    (8, 2, 1, 3, [4, 6, 0, 2]),
-    (8, 4, 3, 6, [1, 5]),
-    (8, 8, 5, 6, [3]),
-    (6, 3, 2, 5, [1, 4]),
-    (6, 2, 1, 1, [2, 4, 0]),
-    (12, 2, 1, 7, [8, 10, 0, 2, 4, 6]),
-    (12, 3, 0, 14, [2, 5, 8, 11]),   # g0 beyond C wraps around
-])
+
+@pytest.mark.parametrize(
+    "C, D, r, g0, lanes",
+    [
+        (4, 1, 0, 0, [0, 1, 2, 3]),
+        (4, 1, 0, 3, [3, 0, 1, 2]),
+        (8, 2, 0, 0, [0, 2, 4, 6]),
+        (8, 2, 1, 0, [1, 3, 5, 7]),
+        (8, 2, 0, 3, [3, 5, 7, 1]),
+        (8, 2, 1, 3, [4, 6, 0, 2]),
+        (8, 4, 3, 6, [1, 5]),
+        (8, 8, 5, 6, [3]),
+        (6, 3, 2, 5, [1, 4]),
+        (6, 2, 1, 1, [2, 4, 0]),
+        (12, 2, 1, 7, [8, 10, 0, 2, 4, 6]),
+        (12, 3, 0, 14, [2, 5, 8, 11]),  # g0 beyond C wraps around
+    ],
+)
 def test_rank_lanes_by_hand(C, D, r, g0, lanes):
     assert rank_lanes(C, D, r, g0) == lanes
     # the merge leader's view of the same mapping agrees
     assert expected_lanes(C, D, r, g0) == set(lanes)
 
 
-@pytest.mark.parametrize("lanes, W, w, mine", [
-    ([0, 1, 2, 3], 0, 0, [0, 1, 2, 3]),        # no workers: the main process serves all
-    ([0, 1, 2, 3], 1, 0, [0, 1, 2, 3]),
-    ([0, 1, 2, 3], 2, 0, [0, 2]),
-    ([0, 1, 2, 3], 2, 1, [1, 3]),
-    ([5, 6, 7, 0, 1, 2, 3, 4], 2, 0, [5, 7, 1, 3]),
-    ([5, 6, 7, 0, 1, 2, 3, 4], 2, 1, [6, 0, 2, 4]),
-    ([5, 6, 7, 0, 1, 2, 3, 4], 4, 3, [0, 4]),
-    ([8, 10, 0, 2, 4, 6], 3, 0, [8, 2]),
-    ([8, 10, 0, 2, 4, 6], 3, 1, [10, 4]),
-    ([8, 10, 0, 2, 4, 6], 3, 2, [0, 6]),
-    ([8, 10, 0, 2, 4, 6], 6, 4, [4]),
-])
+@pytest.mark.parametrize(
+    "lanes, W, w, mine",
+    [
+        ([0, 1, 2, 3], 0, 0, [0, 1, 2, 3]),  # no workers: the main process serves all
+        ([0, 1, 2, 3], 1, 0, [0, 1, 2, 3]),
+        ([0, 1, 2, 3], 2, 0, [0, 2]),
+        ([0, 1, 2, 3], 2, 1, [1, 3]),
+        ([5, 6, 7, 0, 1, 2, 3, 4], 2, 0, [5, 7, 1, 3]),
+        ([5, 6, 7, 0, 1, 2, 3, 4], 2, 1, [6, 0, 2, 4]),
+        ([5, 6, 7, 0, 1, 2, 3, 4], 4, 3, [0, 4]),
+        ([8, 10, 0, 2, 4, 6], 3, 0, [8, 2]),
+        ([8, 10, 0, 2, 4, 6], 3, 1, [10, 4]),
+        ([8, 10, 0, 2, 4, 6], 3, 2, [0, 6]),
+        ([8, 10, 0, 2, 4, 6], 6, 4, [4]),
+    ],
+)
 def test_worker_lanes_by_hand(lanes, W, w, mine):
     assert worker_lanes(lanes, W, w) == mine
 
@@ -83,6 +90,7 @@ def test_rank_lanes_follow_the_global_position_mapping():
 
 
 # -- partition and round-robin -----------------------------------------------------------
+
 
 def test_ranks_and_workers_partition_the_lanes():
     for C, D, W in valid_layouts():
@@ -113,11 +121,17 @@ def test_dataloader_round_robin_reproduces_the_rank_order():
                 shares = [worker_lanes(lanes, W, w) for w in range(W)]
                 cursors = [itertools.cycle(s) for s in shares]
                 produced = [next(cursors[t % W]) for t in range(3 * len(lanes))]
-                assert produced == [lanes[t % len(lanes)] for t in range(3 * len(lanes))], \
-                    (C, D, W, g0, r)
+                assert produced == [lanes[t % len(lanes)] for t in range(3 * len(lanes))], (
+                    C,
+                    D,
+                    W,
+                    g0,
+                    r,
+                )
 
 
 # -- invalid combinations ------------------------------------------------------------------
+
 
 def _listed(message: str) -> list[int]:
     m = re.search(r"\[([0-9, ]*)\]", message)
@@ -136,8 +150,9 @@ def test_dp_size_not_dividing_lanes_is_rejected_with_valid_sizes(C, D):
         rank_lanes(C, D, 0, 0)
 
 
-@pytest.mark.parametrize("C, D, W", [(4, 1, 3), (8, 2, 3), (8, 4, 4), (6, 2, 2), (12, 2, 4),
-                                     (4, 2, 3)])
+@pytest.mark.parametrize(
+    "C, D, W", [(4, 1, 3), (8, 2, 3), (8, 4, 4), (6, 2, 2), (12, 2, 4), (4, 2, 3)]
+)
 def test_workers_not_dividing_rank_lanes_are_rejected_with_valid_counts(C, D, W):
     with pytest.raises(TopologyError) as ei:
         validate(C, D, W)
@@ -153,22 +168,26 @@ def test_valid_combinations_pass_validation():
 
 # -- Topology ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(rank=2, world_size=2), ["rank=2", "world_size=2"]),
-    (dict(rank=5, world_size=4, dp_rank=0, dp_size=2), ["rank=5"]),
-    (dict(rank=0, world_size=4, dp_rank=2, dp_size=2), ["dp_rank=2", "dp_size=2"]),
-    (dict(rank=0, world_size=3, dp_rank=0, dp_size=2), ["world_size=3", "dp_size=2"]),
-    (dict(rank=0, world_size=2, dp_rank=0, dp_size=4), ["world_size=2", "dp_size=4"]),
-    (dict(rank=-1, world_size=2), ["rank=-1"]),
-    (dict(rank=0, world_size=-2), ["world_size=-2"]),
-    (dict(dp_rank=-1), ["dp_rank=-1"]),
-    (dict(world_size=0), ["world_size=0"]),
-    (dict(dp_size=0), ["dp_size=0"]),
-    (dict(worker_id=2, num_workers=2), ["worker_id=2", "num_workers=2"]),
-    (dict(num_workers=-1), ["num_workers=-1"]),
-    (dict(rank=True, world_size=2), ["rank=True"]),
-    (dict(rank=0.0), ["rank=0.0"]),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(rank=2, world_size=2), ["rank=2", "world_size=2"]),
+        (dict(rank=5, world_size=4, dp_rank=0, dp_size=2), ["rank=5"]),
+        (dict(rank=0, world_size=4, dp_rank=2, dp_size=2), ["dp_rank=2", "dp_size=2"]),
+        (dict(rank=0, world_size=3, dp_rank=0, dp_size=2), ["world_size=3", "dp_size=2"]),
+        (dict(rank=0, world_size=2, dp_rank=0, dp_size=4), ["world_size=2", "dp_size=4"]),
+        (dict(rank=-1, world_size=2), ["rank=-1"]),
+        (dict(rank=0, world_size=-2), ["world_size=-2"]),
+        (dict(dp_rank=-1), ["dp_rank=-1"]),
+        (dict(world_size=0), ["world_size=0"]),
+        (dict(dp_size=0), ["dp_size=0"]),
+        (dict(worker_id=2, num_workers=2), ["worker_id=2", "num_workers=2"]),
+        (dict(num_workers=-1), ["num_workers=-1"]),
+        (dict(rank=True, world_size=2), ["rank=True"]),
+        (dict(rank=0.0), ["rank=0.0"]),
+    ],
+)
 def test_invalid_topologies_raise(kwargs, words):
     with pytest.raises(TopologyError) as ei:
         Topology(**kwargs)
@@ -197,17 +216,17 @@ def test_bind_validates_topology():
     # bind(rank, world_size) defaults the DP layout to dp_rank=rank, dp_size=world_size
     topo = reference_pipeline(lanes=4).bind(rank=1, world_size=2).topology()
     assert (topo.rank, topo.world_size, topo.dp_rank, topo.dp_size) == (1, 2, 1, 2)
-    topo = reference_pipeline(lanes=4).bind(rank=3, world_size=4, dp_rank=1,
-                                            dp_size=2).topology()
+    topo = reference_pipeline(lanes=4).bind(rank=3, world_size=4, dp_rank=1, dp_size=2).topology()
     assert (topo.rank, topo.world_size, topo.dp_rank, topo.dp_size) == (3, 4, 1, 2)
 
 
 # -- dataloader() argument checks ------------------------------------------------------------
 
+
 def test_dataloader_rejects_workers_not_dividing_lanes_at_creation():
     pipe = reference_pipeline(lanes=4)
     with pytest.raises(TopologyError) as ei:
-        pipe.dataloader(num_workers=3)       # fails before any worker process starts
+        pipe.dataloader(num_workers=3)  # fails before any worker process starts
     msg = str(ei.value)
     assert "num_workers=3" in msg
     assert _listed(msg) == [0, 1, 2, 4]
@@ -222,16 +241,19 @@ def test_dataloader_rejects_workers_not_dividing_lanes_at_creation():
     pipe.close()
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    (dict(batch_size=4), "batch_size"),
-    (dict(batch_size=1), "batch_size"),
-    (dict(shuffle=True), "shuffle"),
-    (dict(drop_last=True), "drop_last"),
-    (dict(collate_fn=lambda x: x), "collate_fn"),
-    (dict(sampler=[0, 1]), "sampler"),
-    (dict(batch_sampler=[[0]]), "batch_sampler"),
-    (dict(num_workers=2, persistent_workers=True), "persistent_workers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        (dict(batch_size=4), "batch_size"),
+        (dict(batch_size=1), "batch_size"),
+        (dict(shuffle=True), "shuffle"),
+        (dict(drop_last=True), "drop_last"),
+        (dict(collate_fn=lambda x: x), "collate_fn"),
+        (dict(sampler=[0, 1]), "sampler"),
+        (dict(batch_sampler=[[0]]), "batch_sampler"),
+        (dict(num_workers=2, persistent_workers=True), "persistent_workers"),
+    ],
+)
 def test_dataloader_rejects_batching_and_persistent_workers(kwargs, word):
     pipe = reference_pipeline(lanes=4)
     with pytest.raises(ConfigError, match=word):
@@ -241,7 +263,8 @@ def test_dataloader_rejects_batching_and_persistent_workers(kwargs, word):
 
 def test_dataloader_accepts_neutral_arguments():
     pipe = reference_pipeline(lanes=4)
-    loader = pipe.dataloader(num_workers=2, batch_size=None, shuffle=False,
-                             persistent_workers=False, prefetch_factor=2)
+    loader = pipe.dataloader(
+        num_workers=2, batch_size=None, shuffle=False, persistent_workers=False, prefetch_factor=2
+    )
     assert loader.num_workers == 2
     pipe.close()

@@ -16,9 +16,13 @@ EARLY, LATE = 100, 3000
 
 
 def monotone_pipeline() -> Pipeline:
-    return (Pipeline(source(), canonical_replicas=LANES, seed=11, prefetch=3)
-            .fetch(parallelism=2).map(byte_tokenize, parallelism=2, name="tokenize")
-            .split(max_len=128).batch(batch_size=4, seq_len=128))
+    return (
+        Pipeline(source(), canonical_replicas=LANES, seed=11, prefetch=3)
+        .fetch(parallelism=2)
+        .map(byte_tokenize, parallelism=2, name="tokenize")
+        .split(max_len=128)
+        .batch(batch_size=4, seq_len=128)
+    )
 
 
 def _measure(build, cut: int) -> tuple[int, int, dict]:
@@ -33,15 +37,17 @@ def _measure(build, cut: int) -> tuple[int, int, dict]:
     return size, replayed, state
 
 
-@pytest.mark.parametrize("build", [reference_pipeline, monotone_pipeline],
-                         ids=["reference", "monotone"])
+@pytest.mark.parametrize(
+    "build", [reference_pipeline, monotone_pipeline], ids=["reference", "monotone"]
+)
 def test_checkpoint_size_and_replay_do_not_grow_with_steps(build):
     size_e, replayed_e, st_e = _measure(build, EARLY)
     size_l, replayed_l, st_l = _measure(build, LATE)
     assert st_l["position"] == LATE
     # the late checkpoint really is far into the stream
-    assert min(ls["floor"] for ls in st_l["lanes"]) > 10 * max(ls["next_chunk"]
-                                                               for ls in st_e["lanes"])
+    assert min(ls["floor"] for ls in st_l["lanes"]) > 10 * max(
+        ls["next_chunk"] for ls in st_e["lanes"]
+    )
     assert size_l <= 1.2 * size_e + 200, (size_e, size_l)
     assert replayed_l <= replayed_e + 2 * LANES, (replayed_e, replayed_l)
     assert replayed_l == sum(len(ls["chunks"]) for ls in st_l["lanes"])
@@ -49,8 +55,7 @@ def test_checkpoint_size_and_replay_do_not_grow_with_steps(build):
 
 
 def test_reference_pipeline_resumes_exactly_at_early_and_late_cuts():
-    report = assert_resume_equivalent(reference_pipeline, cut_points=[EARLY, LATE],
-                                      total=LATE + 60)
+    report = assert_resume_equivalent(reference_pipeline, cut_points=[EARLY, LATE], total=LATE + 60)
     assert report.cuts == [EARLY, LATE]
     (b_e, b_l), (r_e, r_l) = report.checkpoint_bytes, report.chunks_replayed
     assert b_l <= 1.2 * b_e + 200, report
@@ -58,8 +63,7 @@ def test_reference_pipeline_resumes_exactly_at_early_and_late_cuts():
 
 
 def test_monotone_pipeline_resumes_exactly_at_early_and_late_cuts():
-    report = assert_resume_equivalent(monotone_pipeline, cut_points=[EARLY, LATE],
-                                      total=LATE + 60)
+    report = assert_resume_equivalent(monotone_pipeline, cut_points=[EARLY, LATE], total=LATE + 60)
     assert report.chunks_replayed[1] <= report.chunks_replayed[0] + 2 * LANES
 
 
@@ -79,7 +83,7 @@ def test_ledger_stays_bounded_over_3000_outputs():
     st = pipe.checkpoint()
     pipe.close()
     assert max(st["lanes"][lane]["next_chunk"] for lane in range(LANES)) > 50
-    first, last = lengths[: LATE // 3], lengths[-LATE // 3:]
+    first, last = lengths[: LATE // 3], lengths[-LATE // 3 :]
     assert max(lengths) <= 12, max(lengths)
     assert max(last) <= max(first) + 2, (max(first), max(last))
 
@@ -96,6 +100,7 @@ def test_ledger_stays_bounded_after_a_restore():
     st = resumed.checkpoint()
     resumed.close()
     replayed_floor = max(ls["next_chunk"] for ls in state["lanes"])
-    assert all(ls["floor"] > replayed_floor for ls in st["lanes"]), \
+    assert all(ls["floor"] > replayed_floor for ls in st["lanes"]), (
         "restored chunks were never evicted"
+    )
     assert max(lengths) <= 12, max(lengths)

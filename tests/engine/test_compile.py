@@ -50,6 +50,7 @@ class Reverser(Operator):
 
 # -- eviction mode and k ----------------------------------------------------------------
 
+
 def test_all_order_keeping_operators_select_monotone_eviction():
     plan = monotone().batch(batch_size=2, seq_len=64).compile()
     assert plan.epoch_based is False
@@ -60,10 +61,12 @@ def test_all_order_keeping_operators_select_monotone_eviction():
 @pytest.mark.parametrize("tail", ["pack", "shuffle", "ensure_mixture", "custom"])
 def test_any_reordering_operator_selects_epoch_based_eviction(tail):
     p = monotone()
-    p = {"pack": lambda: p.pack(seq_len=64),
-         "shuffle": lambda: p.shuffle(buffer_size=4),
-         "ensure_mixture": lambda: p.ensure_mixture(),
-         "custom": lambda: p.then(Reverser())}[tail]()
+    p = {
+        "pack": lambda: p.pack(seq_len=64),
+        "shuffle": lambda: p.shuffle(buffer_size=4),
+        "ensure_mixture": lambda: p.ensure_mixture(),
+        "custom": lambda: p.then(Reverser()),
+    }[tail]()
     plan = p.batch(batch_size=2, seq_len=64).compile()
     assert plan.epoch_based is True
     assert plan.ops[plan.replay_index].monotone is False
@@ -135,11 +138,19 @@ def test_invalid_k(k):
 
 # -- replay filter placement ------------------------------------------------------------
 
+
 def test_replay_filter_sits_right_before_batch():
     plan = reordering().ensure_mixture().batch(batch_size=2).compile()
     names = [op.name for op in plan.ops]
-    assert names == ["fetch", "tokenize", "split", "pack", "ensure_mixture",
-                     "batch_replay_filter", "batch"]
+    assert names == [
+        "fetch",
+        "tokenize",
+        "split",
+        "pack",
+        "ensure_mixture",
+        "batch_replay_filter",
+        "batch",
+    ]
     assert isinstance(plan.ops[-2], ReplayFilter)
     assert plan.replay_index == len(plan.ops) - 2 and plan.batch_index == len(plan.ops) - 1
     assert sum(isinstance(op, ReplayFilter) for op in plan.ops) == 1
@@ -184,11 +195,13 @@ Stage[1] place=local runner=inline cap=1 mode=stream_items
 
 
 def seed_pipeline() -> Pipeline:
-    return (Pipeline(source(), canonical_replicas=8, seed=1234, prefetch=3, queue_size=16)
-            .fetch(parallelism=4)
-            .map(byte_tokenize, parallelism=4, name="tokenize")
-            .ensure_mixture()
-            .batch(batch_size=8))
+    return (
+        Pipeline(source(), canonical_replicas=8, seed=1234, prefetch=3, queue_size=16)
+        .fetch(parallelism=4)
+        .map(byte_tokenize, parallelism=4, name="tokenize")
+        .ensure_mixture()
+        .batch(batch_size=8)
+    )
 
 
 def test_explain_matches_the_seed_page_line_by_line():
@@ -200,17 +213,20 @@ def test_explain_matches_the_seed_page_line_by_line():
 
 
 def test_explain_stage_structure_and_queues():
-    text = (Pipeline(source(), canonical_replicas=2, prefetch=5, queue_size=7)
-            .fetch(parallelism=2).map(byte_tokenize, name="tokenize")
-            .split(max_len=64).shuffle(buffer_size=4)).explain()
+    text = (
+        Pipeline(source(), canonical_replicas=2, prefetch=5, queue_size=7)
+        .fetch(parallelism=2)
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .shuffle(buffer_size=4)
+    ).explain()
     lines = text.splitlines()
     assert lines[0].startswith("Stage[0] place=local runner=threads ")
     assert lines[0].endswith(" mode=microbatches")
     assert lines[1] == "  fetch@p2"
     assert lines[2] == "  --[stage_out=7]-->"
     assert lines[3] == "Stage[1] place=local runner=inline cap=1 mode=stream_items"
-    assert lines[4] == ("  tokenize@p1 -> split@p1 -> shuffle@p1 -> "
-                        "shuffle_replay_filter@p1")
+    assert lines[4] == ("  tokenize@p1 -> split@p1 -> shuffle@p1 -> shuffle_replay_filter@p1")
     assert lines[5] == "  ==[final_prefetch=5]==> pipeline_end"
     assert len(lines) == 6
 
@@ -225,6 +241,7 @@ def test_explain_single_inline_stage():
 
 
 # -- bad pipelines ----------------------------------------------------------------------
+
 
 def test_duplicate_operator_names():
     p = base().fetch().map(byte_tokenize).map(_identity)
@@ -259,20 +276,33 @@ def test_invalid_parallelism(p):
 
 @pytest.mark.parametrize("after", ["shuffle", "pack", "custom_reorder", "stateful"])
 def test_reordering_or_stateful_operator_after_batch(after):
-    p = base().fetch().map(byte_tokenize, name="tokenize").split(max_len=64).batch(batch_size=2,
-                                                                               seq_len=64)
-    p = {"shuffle": lambda: p.shuffle(buffer_size=4),
-         "pack": lambda: p.pack(seq_len=64),
-         "custom_reorder": lambda: p.then(Reverser()),
-         "stateful": lambda: p.then(Stateful(parallelism=1))}[after]()
+    p = (
+        base()
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .batch(batch_size=2, seq_len=64)
+    )
+    p = {
+        "shuffle": lambda: p.shuffle(buffer_size=4),
+        "pack": lambda: p.pack(seq_len=64),
+        "custom_reorder": lambda: p.then(Reverser()),
+        "stateful": lambda: p.then(Stateful(parallelism=1)),
+    }[after]()
     with pytest.raises(ConfigError) as e:
         p.compile()
     assert "batch()" in str(e.value)
 
 
 def test_two_batch_operators():
-    p = (base().fetch().map(byte_tokenize, name="tokenize").split(max_len=64)
-         .batch(batch_size=2, seq_len=64).then(BatchOp(2, name="batch2")))
+    p = (
+        base()
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .batch(batch_size=2, seq_len=64)
+        .then(BatchOp(2, name="batch2"))
+    )
     with pytest.raises(ConfigError) as e:
         p.compile()
     assert "2 batch operators" in str(e.value)

@@ -32,8 +32,13 @@ def _plain(build, n: int) -> list:
 def test_one_output_completing_several_chunks(tail):
     def build():
         src = StaticMixtureWorkSource({"a": list(range(40))}, chunk_size=1, seed=1)
-        pipe = Pipeline(src, canonical_replicas=1, seed=3, prefetch=0,
-                        flush_every_k_chunks=1 if tail == "shuffle_k1" else None)
+        pipe = Pipeline(
+            src,
+            canonical_replicas=1,
+            seed=3,
+            prefetch=0,
+            flush_every_k_chunks=1 if tail == "shuffle_k1" else None,
+        )
         pipe = pipe.fetch().map(varlen, name="tok")
         if tail == "filtered":  # chunks the filter emptied complete with the next output
             pipe = pipe.filter(lambda p: len(p["input_ids"]) % 3 == 0, name="third")
@@ -54,8 +59,12 @@ def test_one_output_completing_several_chunks(tail):
 def test_recreating_the_loader_iterator_mid_stream_changes_nothing():
     def build():
         src = StaticMixtureWorkSource({"a": list(range(40))}, chunk_size=4, seed=1)
-        return (Pipeline(src, canonical_replicas=1, seed=3, flush_every_k_chunks=2)
-                .fetch().map(varlen, name="tok").shuffle(4))
+        return (
+            Pipeline(src, canonical_replicas=1, seed=3, flush_every_k_chunks=2)
+            .fetch()
+            .map(varlen, name="tok")
+            .shuffle(4)
+        )
 
     want = _plain(build, 30)
     loader = build().dataloader(num_workers=0)
@@ -86,23 +95,36 @@ def test_loader_checkpoint_after_a_workers_lanes_ended_restores(workers):
 
 # -- property: the loader is the plain stream, also across re-created iterators and resumes --
 
+
 @st.composite
 def cases(draw):
     lanes = draw(st.sampled_from([1, 2, 4]))
-    return dict(chunk=draw(st.sampled_from([1, 2, 5])), lanes=lanes,
-                ops=draw(st.sampled_from(["batch", "filter_batch", "pack_shuffle", "records"])),
-                finite=draw(st.booleans()), prefetch=draw(st.sampled_from([0, 2])),
-                workers=draw(st.sampled_from([w for w in (0, 0, 1, 2) if lanes % max(w, 1) == 0])),
-                pieces=draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)),
-                resume_workers=draw(st.sampled_from([0, 1])))
+    return dict(
+        chunk=draw(st.sampled_from([1, 2, 5])),
+        lanes=lanes,
+        ops=draw(st.sampled_from(["batch", "filter_batch", "pack_shuffle", "records"])),
+        finite=draw(st.booleans()),
+        prefetch=draw(st.sampled_from([0, 2])),
+        workers=draw(st.sampled_from([w for w in (0, 0, 1, 2) if lanes % max(w, 1) == 0])),
+        pieces=draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)),
+        resume_workers=draw(st.sampled_from([0, 1])),
+    )
 
 
 def case_pipeline(c: dict) -> Pipeline:
     src = source(c["chunk"], num_epochs=1 if c["finite"] else None)
     k = 1 if c["ops"] == "pack_shuffle" else None
-    pipe = (Pipeline(src, canonical_replicas=c["lanes"], seed=5, prefetch=c["prefetch"],
-                     flush_every_k_chunks=k)
-            .fetch().map(byte_tokenize, name="tok"))
+    pipe = (
+        Pipeline(
+            src,
+            canonical_replicas=c["lanes"],
+            seed=5,
+            prefetch=c["prefetch"],
+            flush_every_k_chunks=k,
+        )
+        .fetch()
+        .map(byte_tokenize, name="tok")
+    )
     if c["ops"] == "filter_batch":
         pipe = pipe.filter(drop_some, name="drop")
     if c["ops"] == "pack_shuffle":
@@ -112,8 +134,13 @@ def case_pipeline(c: dict) -> Pipeline:
     return pipe.split(32).batch(2, drop_last=False, pad_to="longest")
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(c=cases())
 def test_property_loader_equals_plain_iteration(c):
     build = lambda: case_pipeline(c)  # noqa: E731
@@ -125,9 +152,9 @@ def test_property_loader_equals_plain_iteration(c):
         got += take(iter(loader), piece)
     state = loader.state_dict()
     loader.close()
-    assert_streams_equal(want[:len(got)], got, f"loader {c}")
+    assert_streams_equal(want[: len(got)], got, f"loader {c}")
     assert len(got) == min(n, len(want))
     resumed = build().dataloader(num_workers=c["resume_workers"], restore=state)
     tail = take(resumed, 6)
     resumed.close()
-    assert_streams_equal(want[len(got):len(got) + 6], tail, f"resumed {c}")
+    assert_streams_equal(want[len(got) : len(got) + 6], tail, f"resumed {c}")

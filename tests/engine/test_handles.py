@@ -36,6 +36,7 @@ def state_at_n() -> dict:
 
 # -- a handle keeps what it needs alive ------------------------------------------------------
 
+
 def test_for_loop_over_a_temporary_pipeline_delivers_the_stream(reference):
     got = []
     for batch in reference_pipeline():  # nothing else refers to this Pipeline
@@ -66,6 +67,7 @@ def test_dropping_an_iterator_stops_its_threads():
 
 # -- restore order ------------------------------------------------------------------------------
 
+
 def test_loader_built_before_load_state_dict_is_refused(state_at_n):
     pipe = reference_pipeline()
     loader = pipe.dataloader()
@@ -74,8 +76,7 @@ def test_loader_built_before_load_state_dict_is_refused(state_at_n):
     loader.close()
 
 
-def test_iterator_taken_before_load_state_dict_is_refused_and_keeps_going(state_at_n,
-                                                                           reference):
+def test_iterator_taken_before_load_state_dict_is_refused_and_keeps_going(state_at_n, reference):
     pipe = reference_pipeline()
     it = iter(pipe)
     head = take(it, 2)
@@ -89,17 +90,17 @@ def test_iterator_taken_before_load_state_dict_is_refused_and_keeps_going(state_
 def test_restore_given_to_the_handle_is_followed(state_at_n, reference):
     pipe = reference_pipeline()
     loader = pipe.dataloader(restore=state_at_n)
-    assert_streams_equal(reference[N:2 * N], take(loader, N), "dataloader(restore=state)")
+    assert_streams_equal(reference[N : 2 * N], take(loader, N), "dataloader(restore=state)")
     loader.close()
     with reference_pipeline().iterate(restore=state_at_n) as it:
-        assert_streams_equal(reference[N:2 * N], take(it, N), "iterate(restore=state)")
+        assert_streams_equal(reference[N : 2 * N], take(it, N), "iterate(restore=state)")
 
 
 def test_load_state_dict_then_dataloader_follows_the_restore(state_at_n, reference):
     pipe = reference_pipeline()
     pipe.load_state_dict(state_at_n)
     loader = pipe.dataloader(num_workers=0)
-    assert_streams_equal(reference[N:2 * N], take(loader, N), "restore, then dataloader()")
+    assert_streams_equal(reference[N : 2 * N], take(loader, N), "restore, then dataloader()")
     loader.close()
 
 
@@ -113,7 +114,7 @@ def test_a_closed_stream_is_not_restarted_silently(reference):
         pipe.dataloader()
     # continuing explicitly is exact
     with pipe.iterate(restore=pipe.checkpoint()) as it:
-        assert_streams_equal(reference[N:2 * N], take(it, N), "continue after close")
+        assert_streams_equal(reference[N : 2 * N], take(it, N), "continue after close")
 
 
 def test_closed_iterator_raises_instead_of_ending():
@@ -136,6 +137,7 @@ def test_pipeline_is_frozen():
 
 # -- an error never looks like the end of the stream ---------------------------------------------
 
+
 class _FailOnce:
     """byte_tokenize that raises ``exc`` the first time it sees document ``doc``."""
 
@@ -150,10 +152,14 @@ class _FailOnce:
 
 
 def _failing(fn, prefetch: int) -> Pipeline:
-    return (Pipeline(source(8), canonical_replicas=2, flush_every_k_chunks=2, seed=3,
-                     prefetch=prefetch)
-            .fetch().map(fn, name="tokenize").split(max_len=64).pack(seq_len=64, bins=2)
-            .batch(batch_size=2))
+    return (
+        Pipeline(source(8), canonical_replicas=2, flush_every_k_chunks=2, seed=3, prefetch=prefetch)
+        .fetch()
+        .map(fn, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=2)
+        .batch(batch_size=2)
+    )
 
 
 def _failing_doc(prefetch: int, after: int) -> str:
@@ -166,16 +172,16 @@ def _failing_doc(prefetch: int, after: int) -> str:
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
-@pytest.mark.parametrize("exc", [ValueError("bad row"), KeyboardInterrupt()],
-                         ids=["error", "interrupt"])
+@pytest.mark.parametrize(
+    "exc", [ValueError("bad row"), KeyboardInterrupt()], ids=["error", "interrupt"]
+)
 def test_error_then_next_never_stops_iteration(prefetch, exc):
     reference = take(_failing(byte_tokenize, prefetch), 40)
     fn = _FailOnce(_failing_doc(prefetch, 8), exc)
     pipe = _failing(fn, prefetch)
     it = iter(pipe)
     got = []
-    with pytest.raises(KeyboardInterrupt if isinstance(exc, KeyboardInterrupt)
-                       else PipelineError):
+    with pytest.raises(KeyboardInterrupt if isinstance(exc, KeyboardInterrupt) else PipelineError):
         for _ in range(40):
             got.append(next(it))
     for _ in range(3):  # every later call says the run failed
@@ -210,6 +216,7 @@ def test_loader_iterator_error_is_not_end_of_stream():
 
 # -- checkpoints share nothing with the running stream --------------------------------------------
 
+
 def test_editing_a_returned_state_changes_nothing(state_at_n, reference):
     pipe = reference_pipeline()
     it = iter(pipe)
@@ -226,7 +233,7 @@ def test_editing_a_returned_state_changes_nothing(state_at_n, reference):
     first["content"]["components"]["prose"] = "edited"
     assert pipe.checkpoint() == pristine, "an edited state leaked into the next checkpoint"
     assert pipe.compile().config["seed"] == 11
-    assert_streams_equal(reference[N:2 * N], take(it, N), "the stream after editing a state")
+    assert_streams_equal(reference[N : 2 * N], take(it, N), "the stream after editing a state")
     pipe.close()
 
 
@@ -236,7 +243,7 @@ def test_editing_a_state_after_restoring_it_changes_nothing(state_at_n, referenc
     pipe.load_state_dict(state)
     for ls in state["lanes"]:
         ls["source"]["cursors"][0] += 1000
-    assert_streams_equal(reference[N:2 * N], take(pipe, N), "restored, then the dict edited")
+    assert_streams_equal(reference[N : 2 * N], take(pipe, N), "restored, then the dict edited")
     pipe.close()
 
 

@@ -24,12 +24,16 @@ from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, 
 
 
 def build(runner: str = "processes", lanes: int = 2, fn=byte_tokenize) -> Pipeline:
-    return (Pipeline(source(8), canonical_replicas=lanes, flush_every_k_chunks=2, seed=3)
-            .fetch()
-            .map(fn, parallelism=2, name="tokenize", runner=runner)
-            .filter(drop_some, runner=runner)  # tombstones cross the processes too
-            .split(max_len=64).pack(seq_len=64, bins=4).shuffle(buffer_size=8)
-            .batch(batch_size=4))
+    return (
+        Pipeline(source(8), canonical_replicas=lanes, flush_every_k_chunks=2, seed=3)
+        .fetch()
+        .map(fn, parallelism=2, name="tokenize", runner=runner)
+        .filter(drop_some, runner=runner)  # tombstones cross the processes too
+        .split(max_len=64)
+        .pack(seq_len=64, bins=4)
+        .shuffle(buffer_size=8)
+        .batch(batch_size=4)
+    )
 
 
 def test_plan_and_stream_equal_threads():
@@ -134,11 +138,17 @@ def test_a_killed_worker_is_named_as_killed_not_as_a_pickling_problem():
 def test_workers_get_the_operators_without_the_source_or_upstream():
     """An unpicklable upstream operator (a lambda on threads) does not matter: workers
     receive their own operators only, not the source or the operators before them."""
+
     def pipe(runner):
-        return (Pipeline(source(8), canonical_replicas=1, seed=3)
-                .fetch().map(lambda p: p, name="identity")
-                .map(byte_tokenize, parallelism=2, name="tokenize", runner=runner)
-                .split(max_len=64).batch(batch_size=4))
+        return (
+            Pipeline(source(8), canonical_replicas=1, seed=3)
+            .fetch()
+            .map(lambda p: p, name="identity")
+            .map(byte_tokenize, parallelism=2, name="tokenize", runner=runner)
+            .split(max_len=64)
+            .batch(batch_size=4)
+        )
+
     got, ref = pipe("processes"), pipe("threads")
     try:
         assert_streams_equal(take(ref, 10), take(got, 10), "lambda upstream")
@@ -148,8 +158,11 @@ def test_workers_get_the_operators_without_the_source_or_upstream():
 
 
 def test_an_unpicklable_result_names_the_stage():
-    pipe = (Pipeline(source(8), canonical_replicas=1, seed=3).fetch()
-            .map(returns_unpicklable, name="locky", runner="processes"))
+    pipe = (
+        Pipeline(source(8), canonical_replicas=1, seed=3)
+        .fetch()
+        .map(returns_unpicklable, name="locky", runner="processes")
+    )
     try:
         with pytest.raises(PipelineError, match="'locky'.*results must pickle"):
             take(pipe, 5)

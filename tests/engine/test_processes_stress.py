@@ -21,29 +21,41 @@ STALL_S = 30.0
 
 
 def case_pipeline(case: dict, runner: str) -> Pipeline:
-    pipe = (Pipeline(source(case["chunk"]), canonical_replicas=case["lanes"],
-                     flush_every_k_chunks=case["k"], seed=case["seed"],
-                     prefetch=case["prefetch"], queue_size=case["queue"],
-                     stall_timeout_s=STALL_S)
-            .fetch(parallelism=case["fetch_p"]))
+    pipe = Pipeline(
+        source(case["chunk"]),
+        canonical_replicas=case["lanes"],
+        flush_every_k_chunks=case["k"],
+        seed=case["seed"],
+        prefetch=case["prefetch"],
+        queue_size=case["queue"],
+        stall_timeout_s=STALL_S,
+    ).fetch(parallelism=case["fetch_p"])
     for i, link in enumerate(case["links"]):
         if link == "map":
-            pipe = pipe.map(byte_tokenize, parallelism=case["map_p"], name=f"tok{i}",
-                            runner=runner)
+            pipe = pipe.map(byte_tokenize, parallelism=case["map_p"], name=f"tok{i}", runner=runner)
         else:
-            pipe = pipe.filter(drop_some, parallelism=case["map_p"], name=f"drop{i}",
-                               runner=runner)
-    return (pipe.split(max_len=64).pack(seq_len=64, bins=2).shuffle(buffer_size=4)
-            .batch(batch_size=2))
+            pipe = pipe.filter(drop_some, parallelism=case["map_p"], name=f"drop{i}", runner=runner)
+    return (
+        pipe.split(max_len=64).pack(seq_len=64, bins=2).shuffle(buffer_size=4).batch(batch_size=2)
+    )
 
 
 def random_case(rng: random.Random) -> dict:
     links = ["map"] + ["filter"] * rng.randint(0, 2)  # tokenize once, then filters
-    return dict(lanes=rng.choice([1, 2, 4]), k=rng.choice([1, 2, 3]), chunk=rng.choice([1, 4, 8]),
-                seed=rng.randrange(1000), prefetch=rng.choice([0, 1, 3]),
-                queue=rng.choice([1, 2, 4]), fetch_p=rng.choice([1, 2]),
-                map_p=rng.choice([1, 2, 3]), links=links, total=(total := rng.randint(10, 40)),
-                cut=rng.randint(0, min(12, total)), close_early=rng.random() < 0.3)
+    return dict(
+        lanes=rng.choice([1, 2, 4]),
+        k=rng.choice([1, 2, 3]),
+        chunk=rng.choice([1, 4, 8]),
+        seed=rng.randrange(1000),
+        prefetch=rng.choice([0, 1, 3]),
+        queue=rng.choice([1, 2, 4]),
+        fetch_p=rng.choice([1, 2]),
+        map_p=rng.choice([1, 2, 3]),
+        links=links,
+        total=(total := rng.randint(10, 40)),
+        cut=rng.randint(0, min(12, total)),
+        close_early=rng.random() < 0.3,
+    )
 
 
 def run_case(case: dict) -> None:
@@ -57,8 +69,9 @@ def run_case(case: dict) -> None:
         head = take(pipe, case["cut"])
         state = pipe.checkpoint()
         if not case["close_early"]:
-            assert_streams_equal(want, head + take(pipe, case["total"] - case["cut"]),
-                                 f"processes vs threads {case}")
+            assert_streams_equal(
+                want, head + take(pipe, case["total"] - case["cut"]), f"processes vs threads {case}"
+            )
     finally:
         pipe.close()
     resumed = case_pipeline(case, "processes")
@@ -67,7 +80,7 @@ def run_case(case: dict) -> None:
         tail = take(resumed, case["total"] - case["cut"])
     finally:
         resumed.close()
-    assert_streams_equal(want[case["cut"]:], tail, f"resumed under processes {case}")
+    assert_streams_equal(want[case["cut"] :], tail, f"resumed under processes {case}")
 
 
 CASES = [random_case(random.Random(i)) for i in range(6)]

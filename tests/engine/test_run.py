@@ -27,6 +27,7 @@ ALL_DOCS = {d["id"]: d["text"] for d in PROSE + CODE}
 
 # -- operator contract ------------------------------------------------------------------
 
+
 class Hoarder(Operator):
     """Breaks the contract: its flush keeps the last record (which the fresh instance the
     lane gets after the flush then never sees: the record is lost)."""
@@ -49,9 +50,11 @@ class Hoarder(Operator):
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_a_flush_that_loses_a_record_is_a_contract_violation(prefetch):
-    pipe = (Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=1,
-                     prefetch=prefetch)
-            .fetch().then(Hoarder()))
+    pipe = (
+        Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=1, prefetch=prefetch)
+        .fetch()
+        .then(Hoarder())
+    )
     with pytest.raises(ContractViolation) as e:
         for _ in range(10_000):
             next(iter(pipe))
@@ -113,6 +116,7 @@ def test_source_error_is_a_pipeline_error():
 
                 def load_state_dict(self, s):
                     pass
+
             return Lane()
 
         def read(self, component, rows):
@@ -129,9 +133,13 @@ def test_source_error_is_a_pipeline_error():
 
 # -- close(), context manager -----------------------------------------------------------
 
+
 def _live_pumps(before: set[threading.Thread]) -> list[threading.Thread]:
-    return [t for t in threading.enumerate()
-            if t.name == "zephon-pump" and t.is_alive() and t not in before]
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name == "zephon-pump" and t.is_alive() and t not in before
+    ]
 
 
 def test_close_is_idempotent_and_stops_the_pump_thread():
@@ -184,15 +192,20 @@ def test_context_manager_closes_on_error():
 
 # -- finite streams ---------------------------------------------------------------------
 
+
 def finite_records(prefetch: int = 2) -> Pipeline:
-    return (Pipeline(source(num_epochs=1), canonical_replicas=4, seed=3, prefetch=prefetch)
-            .fetch().map(byte_tokenize, name="tokenize").split(max_len=64)
-            .shuffle(buffer_size=8))
+    return (
+        Pipeline(source(num_epochs=1), canonical_replicas=4, seed=3, prefetch=prefetch)
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .shuffle(buffer_size=8)
+    )
 
 
 def _fragments(text: str, n: int = 64) -> list[bytes]:
     b = text.encode()
-    return [b[i:i + n] for i in range(0, len(b), n)]
+    return [b[i : i + n] for i in range(0, len(b), n)]
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
@@ -216,11 +229,17 @@ def test_finite_stream_ends_and_delivers_every_token_exactly_once(prefetch):
 
 
 def test_finite_packed_batches_carry_every_token_exactly_once():
-    pipe = (Pipeline(source(num_epochs=1), canonical_replicas=2, seed=3, prefetch=2,
-                     flush_every_k_chunks=2)
-            .fetch().map(byte_tokenize, name="tokenize").split(max_len=96)
-            .pack(seq_len=96, bins=3).shuffle(buffer_size=4)
-            .batch(batch_size=3, drop_last=False))
+    pipe = (
+        Pipeline(
+            source(num_epochs=1), canonical_replicas=2, seed=3, prefetch=2, flush_every_k_chunks=2
+        )
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=96)
+        .pack(seq_len=96, bins=3)
+        .shuffle(buffer_size=4)
+        .batch(batch_size=3, drop_last=False)
+    )
     tokens = Counter()
     n_tokens = 0
     for batch in pipe:
@@ -271,12 +290,14 @@ def test_finite_stream_resumes_exactly_mid_stream():
     ref = finite_records()
     total = len(list(ref))
     ref.close()
-    rep = assert_resume_equivalent(finite_records, cut_points=[1, total // 3, total - 1],
-                                   total=total + 10)
+    rep = assert_resume_equivalent(
+        finite_records, cut_points=[1, total // 3, total - 1], total=total + 10
+    )
     assert rep.total == total
 
 
 # -- checkpoint / restore edge cases ----------------------------------------------------
+
 
 def test_checkpoint_before_iterating_restores_to_the_same_stream():
     fresh = reference_pipeline()
@@ -349,8 +370,17 @@ def test_pickle_before_and_after_iteration():
     p3.close()
 
 
-STATS_KEYS = {"outputs", "outputs_per_s", "position", "inflight_chunks", "queue_depths",
-              "chunks_replayed", "mixture_share", "mixture_target", "padding_ratio"}
+STATS_KEYS = {
+    "outputs",
+    "outputs_per_s",
+    "position",
+    "inflight_chunks",
+    "queue_depths",
+    "chunks_replayed",
+    "mixture_share",
+    "mixture_target",
+    "padding_ratio",
+}
 
 
 def test_stats_keys_and_values():
@@ -363,8 +393,10 @@ def test_stats_keys_and_values():
     assert s["outputs"] == 40 and s["position"] == 40
     assert s["chunks_replayed"] == 0
     assert set(s["inflight_chunks"]) == {0, 1, 2, 3}
-    assert all(isinstance(v, int) and v >= len(ls["chunks"])
-               for v, ls in zip(s["inflight_chunks"].values(), state["lanes"]))
+    assert all(
+        isinstance(v, int) and v >= len(ls["chunks"])
+        for v, ls in zip(s["inflight_chunks"].values(), state["lanes"])
+    )
     assert set(s["mixture_share"]) == {"prose", "code"}
     assert abs(sum(s["mixture_share"].values()) - 1) < 1e-9
     assert s["mixture_target"] == pytest.approx({"prose": 0.7, "code": 0.3})

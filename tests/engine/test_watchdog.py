@@ -23,9 +23,14 @@ def drop_everything(payload: dict) -> bool:
 
 
 def _dropping(prefetch: int) -> Pipeline:
-    return (Pipeline(source(8), canonical_replicas=2, seed=3, prefetch=prefetch,
-                     stall_timeout_s=TIMEOUT)
-            .fetch().map(byte_tokenize, name="tokenize").filter(drop_everything, name="drop_all"))
+    return (
+        Pipeline(
+            source(8), canonical_replicas=2, seed=3, prefetch=prefetch, stall_timeout_s=TIMEOUT
+        )
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .filter(drop_everything, name="drop_all")
+    )
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
@@ -60,13 +65,20 @@ class Blocker:
         return byte_tokenize(payload)
 
 
-@pytest.mark.parametrize("prefetch,parallelism", [(0, 2), (3, 2), (3, 1)],
-                         ids=["no-pump-threads", "pump-threads", "pump-inline"])
+@pytest.mark.parametrize(
+    "prefetch,parallelism",
+    [(0, 2), (3, 2), (3, 1)],
+    ids=["no-pump-threads", "pump-threads", "pump-inline"],
+)
 def test_a_blocked_map_is_a_stall_naming_stage_lane_and_cursor(prefetch, parallelism):
     blocker = Blocker()
-    pipe = (Pipeline(source(8), canonical_replicas=2, seed=3, prefetch=prefetch,
-                     stall_timeout_s=TIMEOUT)
-            .fetch().map(blocker, parallelism=parallelism, name="fetch_remote"))
+    pipe = (
+        Pipeline(
+            source(8), canonical_replicas=2, seed=3, prefetch=prefetch, stall_timeout_s=TIMEOUT
+        )
+        .fetch()
+        .map(blocker, parallelism=parallelism, name="fetch_remote")
+    )
     try:
         with pytest.raises(PipelineStalled) as ei:
             take(pipe, 1)

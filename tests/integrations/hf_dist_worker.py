@@ -54,11 +54,19 @@ def main() -> None:
     losses = LossLog()
     callbacks = [losses] + ([CrashAt(a.crash_at)] if a.crash_at else [])
     args = TrainingArguments(
-        output_dir=a.out, max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
-        gradient_accumulation_steps=a.gas, save_steps=3, logging_steps=1, report_to=[],
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=a.workers,
-        accelerator_config={"dispatch_batches": bool(a.dispatch),
-                            "split_batches": bool(a.split)})
+        output_dir=a.out,
+        max_steps=a.max_steps,
+        per_device_train_batch_size=a.batch_size,
+        gradient_accumulation_steps=a.gas,
+        save_steps=3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=a.workers,
+        accelerator_config={"dispatch_batches": bool(a.dispatch), "split_batches": bool(a.split)},
+    )
+
     def build():
         pipe = (ragged_pipeline if a.ragged else make_pipeline)()
         return pipe.with_options(aggregate_timeout_s=a.agg_timeout)
@@ -73,17 +81,21 @@ def main() -> None:
         Trainer.save_model = slow_save_model
     if a.path == "callback":
         zephon = ZephonCallback(build)
-        trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
-                          callbacks=[zephon] + callbacks)
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=zephon.train_dataset,
+            callbacks=[zephon] + callbacks,
+        )
     else:
-        trainer = ZephonTrainer(model=model, args=args, pipeline=build,
-                                callbacks=callbacks)
+        trainer = ZephonTrainer(model=model, args=args, pipeline=build, callbacks=callbacks)
     resume = {"": None, "true": True}.get(a.resume, a.resume)
     trainer.train(resume_from_checkpoint=resume)
     rank = args.process_index
     with open(f"{a.record}.rank{rank}.json", "w") as f:
-        json.dump({"rank": rank, "world": args.world_size, "seen": model.seen,
-                   "losses": losses.losses}, f)
+        json.dump(
+            {"rank": rank, "world": args.world_size, "seen": model.seen, "losses": losses.losses}, f
+        )
     if dist.is_initialized():
         dist.barrier()  # every rank has written its record
     # Leave without interpreter teardown: destroying the DDP model and the gloo group at

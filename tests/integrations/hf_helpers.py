@@ -21,9 +21,14 @@ def make_pipeline() -> Pipeline:
 
 def ragged_pipeline() -> Pipeline:
     """Batches padded to their longest row: shapes vary from batch to batch."""
-    return (Pipeline(source(8), canonical_replicas=4, flush_every_k_chunks=2, seed=11)
-            .fetch().map(byte_tokenize, name="tokenize").split(max_len=128)
-            .shuffle(buffer_size=16).batch(batch_size=4, pad_to="longest"))
+    return (
+        Pipeline(source(8), canonical_replicas=4, flush_every_k_chunks=2, seed=11)
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=128)
+        .shuffle(buffer_size=16)
+        .batch(batch_size=4, pad_to="longest")
+    )
 
 
 def reference(n: int) -> list[str]:
@@ -40,16 +45,19 @@ class RecordingGPT2(GPT2LMHeadModel):
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
         if self.training:
-            self.seen.append(fingerprint(dict(input_ids=input_ids, attention_mask=attention_mask,
-                                              labels=labels)))
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                               labels=labels, **kwargs)
+            self.seen.append(
+                fingerprint(dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels))
+            )
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
+        )
 
 
 def tiny_model() -> RecordingGPT2:
     torch.manual_seed(0)
-    model = RecordingGPT2(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
-                                     n_head=2))  # dropout 0.1: the RNG must resume too
+    model = RecordingGPT2(
+        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
+    )  # dropout 0.1: the RNG must resume too
     model.seen = []
     return model
 

@@ -51,8 +51,12 @@ class Tiny(pl.LightningModule):
     ``record_dir/rank{global_rank}.txt`` (ddp_spawn children do not send attributes back).
     """
 
-    def __init__(self, record_dir: str | None = None, read_stepping_batches: bool = False,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        record_dir: str | None = None,
+        read_stepping_batches: bool = False,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.emb = torch.nn.Embedding(256, 8)
         self.drop = torch.nn.Dropout(dropout)  # draws from the global torch RNG
@@ -96,32 +100,58 @@ def small_val_loader():
     return torch.utils.data.DataLoader(data, batch_size=4)
 
 
-def fit(*, max_steps: int, ckpt_dir: str, ckpt_path: str | None = None, num_workers: int = 0,
-        accumulate: int = 1, every_n_train_steps: int = 5, val_check_interval: int | None = None,
-        devices: int = 1, strategy: str = "auto", record_dir: str | None = None,
-        logger: Any = False, dm_kwargs: dict | None = None,
-        read_stepping_batches: bool = False, dropout: float = 0.0, dm_class: type | None = None,
-        trainer_kwargs: dict | None = None) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
+def fit(
+    *,
+    max_steps: int,
+    ckpt_dir: str,
+    ckpt_path: str | None = None,
+    num_workers: int = 0,
+    accumulate: int = 1,
+    every_n_train_steps: int = 5,
+    val_check_interval: int | None = None,
+    devices: int = 1,
+    strategy: str = "auto",
+    record_dir: str | None = None,
+    logger: Any = False,
+    dm_kwargs: dict | None = None,
+    read_stepping_batches: bool = False,
+    dropout: float = 0.0,
+    dm_class: type | None = None,
+    trainer_kwargs: dict | None = None,
+) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
     """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule."""
-    model = Tiny(record_dir=record_dir, read_stepping_batches=read_stepping_batches,
-                 dropout=dropout)
+    model = Tiny(
+        record_dir=record_dir, read_stepping_batches=read_stepping_batches, dropout=dropout
+    )
     kwargs = dict(dm_kwargs or {})
     if val_check_interval is not None:
         kwargs.setdefault("val_dataloader_fn", small_val_loader)
-    dm = (dm_class or ZephonDataModule)(pipeline=make_pipeline, num_workers=num_workers,
-                                        **kwargs)
-    cb = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every_n_train_steps,
-                         save_top_k=-1, save_last=True)
+    dm = (dm_class or ZephonDataModule)(pipeline=make_pipeline, num_workers=num_workers, **kwargs)
+    cb = ModelCheckpoint(
+        dirpath=ckpt_dir, every_n_train_steps=every_n_train_steps, save_top_k=-1, save_last=True
+    )
     trainer_kwargs = dict(trainer_kwargs or {})
     if val_check_interval is not None:
-        trainer_kwargs.update(val_check_interval=val_check_interval, limit_val_batches=2,
-                              check_val_every_n_epoch=None, num_sanity_val_steps=0)
+        trainer_kwargs.update(
+            val_check_interval=val_check_interval,
+            limit_val_batches=2,
+            check_val_every_n_epoch=None,
+            num_sanity_val_steps=0,
+        )
     else:
         trainer_kwargs.update(limit_val_batches=0)
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=[cb], logger=logger,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         accumulate_grad_batches=accumulate, accelerator="cpu",
-                         devices=devices, strategy=strategy, **trainer_kwargs)
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=[cb],
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=accumulate,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        **trainer_kwargs,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model, trainer, dm
 
@@ -142,4 +172,3 @@ def read_rank_records(record_dir: str, rank: int) -> list[tuple[int, int, str, f
             step, idx, fp, loss = line.split()
             out.append((int(step), int(idx), fp, float(loss)))
     return out
-

@@ -27,34 +27,47 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 def make_args(out, max_steps, gas=1, workers=0, dispatch=True, limit=None, batch_size=4):
     return TrainingArguments(
-        output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=gas, save_steps=3, save_total_limit=limit,
-        logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=workers, accelerator_config={"dispatch_batches": dispatch})
+        output_dir=str(out),
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=gas,
+        save_steps=3,
+        save_total_limit=limit,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=workers,
+        accelerator_config={"dispatch_batches": dispatch},
+    )
 
 
-def run(out, max_steps, resume=None, crash_at=None, resume_from=None, pipeline=make_pipeline,
-        **kw):
+def run(out, max_steps, resume=None, crash_at=None, resume_from=None, pipeline=make_pipeline, **kw):
     model = tiny_model()
     losses = LossLog()
     zephon = ZephonCallback(pipeline, resume_from=resume_from)
     callbacks = [zephon, losses] + ([CrashAt(crash_at)] if crash_at else [])
-    trainer = Trainer(model=model, args=make_args(out, max_steps, **kw),
-                      train_dataset=zephon.train_dataset, callbacks=callbacks)
+    trainer = Trainer(
+        model=model,
+        args=make_args(out, max_steps, **kw),
+        train_dataset=zephon.train_dataset,
+        callbacks=callbacks,
+    )
     trainer.train(resume_from_checkpoint=resume)
     return model.seen, losses.losses
 
 
-@pytest.mark.parametrize("gas, workers, dispatch", [(1, 0, True), (2, 0, True), (1, 2, True),
-                                                    (2, 2, False)])
+@pytest.mark.parametrize(
+    "gas, workers, dispatch", [(1, 0, True), (2, 0, True), (1, 2, True), (2, 2, False)]
+)
 def test_resume_continues_the_stream_exactly(tmp_path, gas, workers, dispatch):
     kw = dict(gas=gas, workers=workers, dispatch=dispatch)
     full, full_losses = run(tmp_path / "a", 8, **kw)
     assert full == reference(8 * gas)  # the global stream, nothing skipped or repeated
     first, _ = run(tmp_path / "b", 8, crash_at=6, **kw)  # saves at 3 and 6, then "crashes"
-    assert first == full[:6 * gas]
+    assert first == full[: 6 * gas]
     tail, tail_losses = run(tmp_path / "b", 8, resume=True, **kw)
-    assert tail == full[6 * gas:]
+    assert tail == full[6 * gas :]
     # data, optimizer and RNG (dropout is on) all continue: the losses are identical
     assert tail_losses == full_losses[6:]
 
@@ -83,16 +96,21 @@ def test_rotation_keeps_states_and_explicit_paths_resolve(tmp_path):
     assert tail == full[6:]
     # the explicit override wins over output_dir/checkpoint-<step>
     shutil.copytree(tmp_path / "b" / "checkpoint-6", tmp_path / "moved")
-    tail, _ = run(tmp_path / "d", 9, resume=str(tmp_path / "moved"),
-                  resume_from=str(tmp_path / "moved"))
+    tail, _ = run(
+        tmp_path / "d", 9, resume=str(tmp_path / "moved"), resume_from=str(tmp_path / "moved")
+    )
     assert tail == full[6:]
 
 
 def test_checkpoint_of_another_step_is_refused(tmp_path):
     run(tmp_path / "b", 6)
     with pytest.raises(ConfigError, match="saved at step 3"):
-        run(tmp_path / "b", 9, resume=str(tmp_path / "b" / "checkpoint-6"),
-            resume_from=str(tmp_path / "b" / "checkpoint-3"))
+        run(
+            tmp_path / "b",
+            9,
+            resume=str(tmp_path / "b" / "checkpoint-6"),
+            resume_from=str(tmp_path / "b" / "checkpoint-3"),
+        )
 
 
 def test_missing_state_is_a_clear_error(tmp_path):
@@ -106,37 +124,50 @@ def test_batch_size_mismatch_and_missing_max_steps_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="batch_size=4.*train_batch_size=8"):
         run(tmp_path / "a", 3, batch_size=8)
     with pytest.raises(ConfigError, match="max_steps"):
-        Trainer(model=tiny_model(), callbacks=[ZephonCallback(make_pipeline)],
-                args=TrainingArguments(output_dir=str(tmp_path / "x"), use_cpu=True,
-                                       report_to=[]))
+        Trainer(
+            model=tiny_model(),
+            callbacks=[ZephonCallback(make_pipeline)],
+            args=TrainingArguments(output_dir=str(tmp_path / "x"), use_cpu=True, report_to=[]),
+        )
 
 
 def test_misuse_is_named(tmp_path):
     # the callback added after construction cannot switch the data skip off in time
     zephon = ZephonCallback(make_pipeline)
-    trainer = Trainer(model=tiny_model(), args=make_args(tmp_path / "a", 3),
-                      train_dataset=zephon.train_dataset)
+    trainer = Trainer(
+        model=tiny_model(), args=make_args(tmp_path / "a", 3), train_dataset=zephon.train_dataset
+    )
     trainer.add_callback(zephon)
     with pytest.raises(ConfigError, match="at construction"):
         trainer.train()
     # the callback's dataset given to a Trainer without the callback
-    trainer = Trainer(model=tiny_model(), args=make_args(tmp_path / "b", 3),
-                      train_dataset=ZephonCallback(make_pipeline).train_dataset)
+    trainer = Trainer(
+        model=tiny_model(),
+        args=make_args(tmp_path / "b", 3),
+        train_dataset=ZephonCallback(make_pipeline).train_dataset,
+    )
     with pytest.raises(ConfigError, match="callbacks=\\[cb\\]"):
         trainer.train()
     # another dataset given with the callback
     other = ZephonCallback(make_pipeline)
-    trainer = Trainer(model=tiny_model(), args=make_args(tmp_path / "c", 3),
-                      train_dataset=other.train_dataset,
-                      callbacks=[ZephonCallback(make_pipeline)])
+    trainer = Trainer(
+        model=tiny_model(),
+        args=make_args(tmp_path / "c", 3),
+        train_dataset=other.train_dataset,
+        callbacks=[ZephonCallback(make_pipeline)],
+    )
     with pytest.raises(ConfigError, match="not this callback's"):
         trainer.train()
 
 
 def test_trainer_workers_move_into_zephon(tmp_path):
     zephon = ZephonCallback(make_pipeline)
-    trainer = Trainer(model=tiny_model(), args=make_args(tmp_path / "a", 3, workers=2),
-                      train_dataset=zephon.train_dataset, callbacks=[zephon])
+    trainer = Trainer(
+        model=tiny_model(),
+        args=make_args(tmp_path / "a", 3, workers=2),
+        train_dataset=zephon.train_dataset,
+        callbacks=[zephon],
+    )
     assert trainer.args.dataloader_num_workers == 0 and zephon.num_workers == 2
     assert trainer.args.ignore_data_skip
 
@@ -152,9 +183,14 @@ def test_batch_shapes_are_known_before_training():
 
 def test_checkpointing_off_is_refused_before_training(tmp_path):
     def untracked():
-        return (Pipeline(source(8), canonical_replicas=4, seed=11, checkpointing=False)
-                .fetch().map(byte_tokenize, name="tokenize").split(max_len=128)
-                .batch(batch_size=4, seq_len=128))
+        return (
+            Pipeline(source(8), canonical_replicas=4, seed=11, checkpointing=False)
+            .fetch()
+            .map(byte_tokenize, name="tokenize")
+            .split(max_len=128)
+            .batch(batch_size=4, seq_len=128)
+        )
+
     with pytest.raises(ConfigError, match="checkpointing=False"):
         run(tmp_path / "a", 3, pipeline=untracked)
 
@@ -166,8 +202,9 @@ def test_sharded_ranks_read_own_lanes_only_when_an_output_is_a_batch():
 
     rows = ZephonCallback(make_pipeline).train_dataset
     for split in (False, True):
-        shard = IterableDatasetShard(rows, batch_size=4, num_processes=2, process_index=1,
-                                     split_batches=split)
+        shard = IterableDatasetShard(
+            rows, batch_size=4, num_processes=2, process_index=1, split_batches=split
+        )
         loader = SimpleNamespace(dataset=shard)
         batched = callback_module._read_layout(loader, rows, 4, batched=True)
         records = callback_module._read_layout(loader, rows, 4, batched=False)

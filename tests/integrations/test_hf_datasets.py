@@ -13,22 +13,30 @@ from zephon_integrations.hf import HFComponent, hf_component, hf_components
 
 
 def _ds(n: int, prefix: str) -> datasets.Dataset:
-    return datasets.Dataset.from_dict({"text": [f"{prefix}{i} " * (1 + i % 5) for i in range(n)],
-                                       "idx": list(range(n)), "meta": [i % 3 for i in range(n)]})
+    return datasets.Dataset.from_dict(
+        {
+            "text": [f"{prefix}{i} " * (1 + i % 5) for i in range(n)],
+            "idx": list(range(n)),
+            "meta": [i % 3 for i in range(n)],
+        }
+    )
 
 
 ROWS = [7, 0, 3, 3, 12]
 
 
-@pytest.mark.parametrize("make, columns", [
-    (lambda d: d, None),
-    (lambda d: d, ["text"]),
-    (lambda d: d.select_columns(["idx", "text"]), None),
-    (lambda d: d.with_format(columns=["idx"]), None),
-    (lambda d: d.shuffle(seed=3), None),              # an indices mapping: no fast path
-    (lambda d: d.select(range(5, 20)), ["meta"]),
-    (lambda d: d.with_format("numpy"), None),         # a format: the dataset's own reader
-])
+@pytest.mark.parametrize(
+    "make, columns",
+    [
+        (lambda d: d, None),
+        (lambda d: d, ["text"]),
+        (lambda d: d.select_columns(["idx", "text"]), None),
+        (lambda d: d.with_format(columns=["idx"]), None),
+        (lambda d: d.shuffle(seed=3), None),  # an indices mapping: no fast path
+        (lambda d: d.select(range(5, 20)), ["meta"]),
+        (lambda d: d.with_format("numpy"), None),  # a format: the dataset's own reader
+    ],
+)
 def test_rows_equal_what_the_dataset_itself_returns(make, columns):
     ds = make(_ds(30, "r"))
     comp = hf_component(ds, columns=columns)
@@ -72,13 +80,17 @@ def test_local_load_dataset_files_are_components(tmp_path, fmt):
     cache = str(tmp_path / "cache")
     as_split = datasets.load_dataset(fmt, data_files=path, split="train", cache_dir=cache)
     as_dict = datasets.load_dataset(fmt, data_files={"train": path}, cache_dir=cache)
-    for comp in (hf_component(as_split, columns=["idx", "text"]),
-                 hf_component(as_dict, split="train", columns=["idx", "text"])):
+    for comp in (
+        hf_component(as_split, columns=["idx", "text"]),
+        hf_component(as_dict, split="train", columns=["idx", "text"]),
+    ):
         assert len(comp) == 25
         assert comp.__getitems__(ROWS) == src.select_columns(["idx", "text"]).__getitems__(ROWS)
-    pipe = Pipeline(StaticMixtureWorkSource({"a": hf_component(as_split)}, {"a": 1.0},
-                                            chunk_size=4, seed=2), canonical_replicas=2,
-                    seed=2).fetch()
+    pipe = Pipeline(
+        StaticMixtureWorkSource({"a": hf_component(as_split)}, {"a": 1.0}, chunk_size=4, seed=2),
+        canonical_replicas=2,
+        seed=2,
+    ).fetch()
     rows = [r["idx"] for r in take(pipe, 25)]
     assert sorted(rows) == list(range(25))  # one epoch: every row once
 
@@ -96,17 +108,26 @@ def test_streaming_and_unknown_inputs_are_refused_with_the_fix():
 def _build(comps) -> Pipeline:
     tok = byte_tokenize
     src = StaticMixtureWorkSource(comps, {"a": 0.6, "b": 0.4}, chunk_size=8, seed=5)
-    return (Pipeline(src, canonical_replicas=2, seed=5).fetch(parallelism=2)
-            .map(tok, parallelism=2).split(24).pack(24, bins=3).shuffle(8).batch(2))
+    return (
+        Pipeline(src, canonical_replicas=2, seed=5)
+        .fetch(parallelism=2)
+        .map(tok, parallelism=2)
+        .split(24)
+        .pack(24, bins=3)
+        .shuffle(8)
+        .batch(2)
+    )
 
 
 def test_components_resume_exactly_through_a_pipeline(tmp_path):
     _ds(40, "b").save_to_disk(str(tmp_path / "b"))
     datasets.DatasetDict({"train": _ds(50, "a")}).save_to_disk(str(tmp_path / "a"))
     datasets.DatasetDict({"train": datasets.load_from_disk(str(tmp_path / "b"))}).save_to_disk(
-        str(tmp_path / "b_dict"))
-    comps = hf_components({"a": str(tmp_path / "a"), "b": str(tmp_path / "b_dict")},
-                          split="train", columns=["text"])
+        str(tmp_path / "b_dict")
+    )
+    comps = hf_components(
+        {"a": str(tmp_path / "a"), "b": str(tmp_path / "b_dict")}, split="train", columns=["text"]
+    )
     assert all(isinstance(c, HFComponent) for c in comps.values())
     report = assert_resume_equivalent(lambda: _build(comps), [0, 5, 23], total=60)
     assert report.cuts == [0, 5, 23]

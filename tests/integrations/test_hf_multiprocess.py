@@ -36,17 +36,30 @@ STEPS, CRASH = 8, 6
 LAUNCH_TIMEOUT_S = 300
 
 
-def torchrun(tmp: Path, name: str, out: str, steps: int, opts: dict
-             ) -> subprocess.CompletedProcess | None:
+def torchrun(
+    tmp: Path, name: str, out: str, steps: int, opts: dict
+) -> subprocess.CompletedProcess | None:
     """Run the worker on ``RANKS`` processes (None: it hung and was killed)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={RANKS}", str(WORKER), "--out", str(tmp / out),
-           "--record", str(tmp / name), "--max-steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={RANKS}",
+        str(WORKER),
+        "--out",
+        str(tmp / out),
+        "--record",
+        str(tmp / name),
+        "--max-steps",
+        str(steps),
+    ]
     for k, v in opts.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     env = worker_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
         try:
             out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -76,8 +89,7 @@ def launch(tmp: Path, name: str, out: str, *, steps: int = STEPS, **opts) -> lis
     """Run the worker on ``RANKS`` processes; returns each rank's record."""
     proc = torchrun(tmp, name, out, steps, opts)
     if proc is None or proc.returncode != 0:
-        failure = ("timed out" if proc is None else
-                   f"exit {proc.returncode}: {proc.stderr[-3000:]}")
+        failure = "timed out" if proc is None else f"exit {proc.returncode}: {proc.stderr[-3000:]}"
         stacks = "\n".join(p.read_text() for p in sorted(tmp.glob(f"{name}.rank*.stacks")))
         raise AssertionError(f"torchrun {name} failed, {failure}\n{stacks}")
     records = [json.loads((tmp / f"{name}.rank{r}.json").read_text()) for r in range(RANKS)]
@@ -102,8 +114,7 @@ def expected(case: dict, micro_steps: int) -> list[list[str]]:
     """What each rank owes to see in its first ``micro_steps`` micro-steps."""
     if case.get("split"):
         half = 4 // RANKS
-        return [reference_rows(micro_steps, slice(r * half, (r + 1) * half))
-                for r in range(RANKS)]
+        return [reference_rows(micro_steps, slice(r * half, (r + 1) * half)) for r in range(RANKS)]
     ref = reference(micro_steps * RANKS)
     return [ref[r::RANKS] for r in range(RANKS)]
 
@@ -123,8 +134,8 @@ def test_two_ranks_resume_exactly(tmp_path, name):
     first = launch(tmp_path, "first", "b", crash_at=CRASH, **case)
     tail = launch(tmp_path, "tail", "b", resume="true", **case)
     for rank in range(RANKS):
-        assert first[rank]["seen"] == full[rank]["seen"][:CRASH * gas]
-        assert tail[rank]["seen"] == full[rank]["seen"][CRASH * gas:]
+        assert first[rank]["seen"] == full[rank]["seen"][: CRASH * gas]
+        assert tail[rank]["seen"] == full[rank]["seen"][CRASH * gas :]
         assert tail[rank]["losses"] == full[rank]["losses"][CRASH:]
 
 
@@ -137,13 +148,21 @@ def test_two_rank_checkpoint_resumes_on_one_process(tmp_path, name):
     moved = tmp_path / "single" / ckpt.name
     shutil.copytree(ckpt, moved)
     model = tiny_model()
-    args = TrainingArguments(output_dir=str(tmp_path / "single"), max_steps=STEPS,
-                             per_device_train_batch_size=4, gradient_accumulation_steps=gas,
-                             save_steps=3, report_to=[], use_cpu=True, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "single"),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=gas,
+        save_steps=3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     if case["path"] == "callback":
         zephon = ZephonCallback(make_pipeline)
-        trainer = Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
-                          callbacks=[zephon])
+        trainer = Trainer(
+            model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon]
+        )
     else:
         trainer = ZephonTrainer(model=model, args=args, pipeline=make_pipeline)
     trainer.train(resume_from_checkpoint=str(moved))
@@ -157,16 +176,21 @@ def test_one_process_checkpoint_resumes_on_two_ranks_with_own_lanes(tmp_path):
     case = CASES["callback-shard"]
     gas = case["gas"]
     model = tiny_model()
-    args = TrainingArguments(output_dir=str(tmp_path / "b"), max_steps=CRASH,
-                             per_device_train_batch_size=4, gradient_accumulation_steps=gas,
-                             save_steps=CRASH, report_to=[], use_cpu=True, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "b"),
+        max_steps=CRASH,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=gas,
+        save_steps=CRASH,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     zephon = ZephonCallback(make_pipeline)
-    Trainer(model=model, args=args, train_dataset=zephon.train_dataset,
-            callbacks=[zephon]).train()
+    Trainer(model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon]).train()
     saved = Pipeline.load(tmp_path / "b" / f"checkpoint-{CRASH}" / STATE_FILE)
     assert saved["position"] == CRASH * gas  # the global batches the single process took
-    tail = launch(tmp_path, "tail", "c", resume=str(tmp_path / "b" / f"checkpoint-{CRASH}"),
-                  **case)
+    tail = launch(tmp_path, "tail", "c", resume=str(tmp_path / "b" / f"checkpoint-{CRASH}"), **case)
     consumed = CRASH * gas  # global batches the single process took
     ref = reference(consumed + (STEPS - CRASH) * gas * RANKS)[consumed:]
     for rank in range(RANKS):

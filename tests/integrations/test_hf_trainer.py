@@ -31,15 +31,29 @@ class Recording(ZephonTrainer):
 
 def run(out, max_steps, resume=None, gas=1, workers=0, limit=2, crash_at=None, losses=None):
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
-                                       n_head=2))  # dropout 0.1: the RNG must resume too
-    args = TrainingArguments(output_dir=str(out), max_steps=max_steps,
-                             per_device_train_batch_size=4, save_strategy="steps", save_steps=3,
-                             save_total_limit=limit, logging_steps=1000, report_to=[],
-                             gradient_accumulation_steps=gas, dataloader_num_workers=workers,
-                             use_cpu=True, disable_tqdm=True)
-    t = Recording(model=model, args=args, pipeline=make_pipeline,
-                  callbacks=[CrashAt(crash_at)] if crash_at else None)
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
+    )  # dropout 0.1: the RNG must resume too
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        save_strategy="steps",
+        save_steps=3,
+        save_total_limit=limit,
+        logging_steps=1000,
+        report_to=[],
+        gradient_accumulation_steps=gas,
+        dataloader_num_workers=workers,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    t = Recording(
+        model=model,
+        args=args,
+        pipeline=make_pipeline,
+        callbacks=[CrashAt(crash_at)] if crash_at else None,
+    )
     t.seen = []
     t.losses = losses if losses is not None else []
     t.train(resume_from_checkpoint=resume)
@@ -51,9 +65,9 @@ def test_resume_from_last_checkpoint_continues_the_stream(tmp_path, gas, workers
     full = run(tmp_path / "a", 8, gas=gas, workers=workers)
     assert full == reference(8 * gas)  # every rank-0 batch is the global stream, none skipped
     first = run(tmp_path / "b", 6, gas=gas, workers=workers)  # saves at steps 3 and 6
-    assert first == full[:6 * gas]
+    assert first == full[: 6 * gas]
     tail = run(tmp_path / "b", 8, resume=True, gas=gas, workers=workers)
-    assert tail == full[6 * gas:]
+    assert tail == full[6 * gas :]
 
 
 def test_resume_from_an_explicit_path_and_rotation_keeps_states(tmp_path):
@@ -75,18 +89,24 @@ def test_missing_state_and_missing_max_steps_are_clear_errors(tmp_path):
         run(tmp_path / "b", 6, resume=True)
     with pytest.raises(ConfigError, match="no checkpoint"):
         run(tmp_path / "empty", 6, resume=True)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1,
-                                       n_head=2))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
+    )
     with pytest.raises(ConfigError, match="collate inside the pipeline"):
-        ZephonTrainer(model=GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=16, n_layer=1,
-                                                       n_head=2)),
-                      args=TrainingArguments(output_dir=str(tmp_path / "x"), max_steps=3,
-                                             use_cpu=True, report_to=[]),
-                      pipeline=make_pipeline, data_collator=lambda rows: rows)
+        ZephonTrainer(
+            model=GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=16, n_layer=1, n_head=2)),
+            args=TrainingArguments(
+                output_dir=str(tmp_path / "x"), max_steps=3, use_cpu=True, report_to=[]
+            ),
+            pipeline=make_pipeline,
+            data_collator=lambda rows: rows,
+        )
     with pytest.raises(ConfigError, match="max_steps"):
-        ZephonTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "x"),
-                                                          use_cpu=True, report_to=[]),
-                      pipeline=make_pipeline)
+        ZephonTrainer(
+            model=model,
+            args=TrainingArguments(output_dir=str(tmp_path / "x"), use_cpu=True, report_to=[]),
+            pipeline=make_pipeline,
+        )
 
 
 def test_resume_reproduces_losses_with_dropout(tmp_path):

@@ -52,19 +52,26 @@ def _lane_ids(state: dict) -> list[int]:
 
 # -- single process ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("val_every", [None, 3], ids=["noval", "val3"])
 @pytest.mark.parametrize("accumulate", [1, 2], ids=["acc1", "acc2"])
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["w0", "w2"])
-def test_resume_from_step_checkpoint_continues_exactly(tmp_path, num_workers, accumulate,
-                                                       val_every):
+def test_resume_from_step_checkpoint_continues_exactly(
+    tmp_path, num_workers, accumulate, val_every
+):
     """fit -> checkpoint at step K -> new Trainer + DataModule + ckpt_path: same batches.
 
     K=5 optimizer steps is an accumulation boundary (K*accumulate batches); with
     val_check_interval=3 batches it falls between two validation runs (batch 5 or 10).
     """
     per_step = accumulate
-    full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), num_workers=num_workers,
-                     accumulate=accumulate, val_check_interval=val_every)
+    full, _, _ = fit(
+        max_steps=MAX_STEPS,
+        ckpt_dir=str(tmp_path / "a"),
+        num_workers=num_workers,
+        accumulate=accumulate,
+        val_check_interval=val_every,
+    )
     full_fps = _fps(full)
     assert len(full_fps) == MAX_STEPS * per_step
     # the uninterrupted run trains on the pipeline's global stream, nothing skipped
@@ -81,9 +88,14 @@ def test_resume_from_step_checkpoint_continues_exactly(tmp_path, num_workers, ac
         assert consumed % val_every != 0  # really in the middle of a validation interval
         assert full.val_batches > 0
 
-    tail, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "b"), ckpt_path=ckpt,
-                     num_workers=num_workers, accumulate=accumulate,
-                     val_check_interval=val_every)
+    tail, _, _ = fit(
+        max_steps=MAX_STEPS,
+        ckpt_dir=str(tmp_path / "b"),
+        ckpt_path=ckpt,
+        num_workers=num_workers,
+        accumulate=accumulate,
+        val_check_interval=val_every,
+    )
     assert [s for s, _ in tail.seen][0] == K
     assert _fps(tail) == full_fps[consumed:]
     if val_every is not None:
@@ -95,22 +107,31 @@ def test_resume_from_last_continues_exactly(tmp_path, num_workers, accumulate):
     """A run that stopped at max_steps=7 (a "crash" after step 7) resumed with
     ckpt_path="last": it continues from last.ckpt's step (K=5) with the batches the
     uninterrupted run trained on from there."""
-    full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "full"),
-                     num_workers=num_workers, accumulate=accumulate)
+    full, _, _ = fit(
+        max_steps=MAX_STEPS,
+        ckpt_dir=str(tmp_path / "full"),
+        num_workers=num_workers,
+        accumulate=accumulate,
+    )
     full_fps = _fps(full)
 
     stop = 7
     d = str(tmp_path / "run")
     first, _, _ = fit(max_steps=stop, ckpt_dir=d, num_workers=num_workers, accumulate=accumulate)
-    assert _fps(first) == full_fps[:stop * accumulate]
+    assert _fps(first) == full_fps[: stop * accumulate]
     raw, state = _zephon_state(os.path.join(d, "last.ckpt"))
     assert raw["global_step"] == K
     assert state["position"] == K * accumulate
 
-    second, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=d, ckpt_path="last",
-                       num_workers=num_workers, accumulate=accumulate)
+    second, _, _ = fit(
+        max_steps=MAX_STEPS,
+        ckpt_dir=d,
+        ckpt_path="last",
+        num_workers=num_workers,
+        accumulate=accumulate,
+    )
     assert [s for s, _ in second.seen][0] == K
-    assert _fps(second) == full_fps[K * accumulate:]
+    assert _fps(second) == full_fps[K * accumulate :]
 
 
 def test_resume_of_a_resumed_run_continues_exactly(tmp_path):
@@ -120,13 +141,23 @@ def test_resume_of_a_resumed_run_continues_exactly(tmp_path):
     full, _, _ = fit(max_steps=16, ckpt_dir=str(tmp_path / "a"), every_n_train_steps=4, **kw)
     full_fps = _fps(full)
     assert full_fps == global_stream(32)
-    second, _, _ = fit(max_steps=16, ckpt_dir=str(tmp_path / "b"), every_n_train_steps=3,
-                       ckpt_path=step_checkpoint(str(tmp_path / "a"), 4), **kw)
+    second, _, _ = fit(
+        max_steps=16,
+        ckpt_dir=str(tmp_path / "b"),
+        every_n_train_steps=3,
+        ckpt_path=step_checkpoint(str(tmp_path / "a"), 4),
+        **kw,
+    )
     assert _fps(second) == full_fps[8:]
     _, state = _zephon_state(step_checkpoint(str(tmp_path / "b"), 9))
     assert state["position"] == 18
-    third, _, _ = fit(max_steps=16, ckpt_dir=str(tmp_path / "c"), every_n_train_steps=4,
-                      ckpt_path=step_checkpoint(str(tmp_path / "b"), 9), **kw)
+    third, _, _ = fit(
+        max_steps=16,
+        ckpt_dir=str(tmp_path / "c"),
+        every_n_train_steps=4,
+        ckpt_path=step_checkpoint(str(tmp_path / "b"), 9),
+        **kw,
+    )
     assert _fps(third) == full_fps[18:]
 
 
@@ -135,13 +166,19 @@ def test_resume_from_checkpoints_written_at_validation_end(tmp_path, num_workers
     """A default ModelCheckpoint saves when the mid-epoch validation (every 3 batches)
     ends; with accumulation 2 that can be in the middle of an accumulation window
     (global_step 1 after 3 batches). The data stream still continues exactly."""
-    kw = dict(num_workers=num_workers, accumulate=accumulate, val_check_interval=3,
-              every_n_train_steps=None)
+    kw = dict(
+        num_workers=num_workers,
+        accumulate=accumulate,
+        val_check_interval=3,
+        every_n_train_steps=None,
+    )
     full, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "a"), **kw)
     full_fps = _fps(full)
     assert full_fps == global_stream(8 * accumulate)
-    ckpts = sorted(glob.glob(str(tmp_path / "a" / "*step=*.ckpt")),
-                   key=lambda p: int(p.rsplit("step=", 1)[1].split(".")[0]))
+    ckpts = sorted(
+        glob.glob(str(tmp_path / "a" / "*step=*.ckpt")),
+        key=lambda p: int(p.rsplit("step=", 1)[1].split(".")[0]),
+    )
     assert len(ckpts) >= 2, ckpts
     resumed = 0
     for ckpt in ckpts[:2]:
@@ -219,14 +256,25 @@ def test_loading_a_state_without_the_zephon_entry_raises(tmp_path):
 
 def test_data_metrics_reach_the_logger(tmp_path):
     logger = CSVLogger(save_dir=str(tmp_path), name="m", version=0)
-    fit(max_steps=8, ckpt_dir=str(tmp_path / "ck"), logger=logger,
-        dm_kwargs={"log_every_n_steps": 2}, trainer_kwargs={"log_every_n_steps": 2})
+    fit(
+        max_steps=8,
+        ckpt_dir=str(tmp_path / "ck"),
+        logger=logger,
+        dm_kwargs={"log_every_n_steps": 2},
+        trainer_kwargs={"log_every_n_steps": 2},
+    )
     path = os.path.join(logger.log_dir, "metrics.csv")
     assert os.path.exists(path), os.listdir(logger.log_dir)
     with open(path) as fh:
         rows = list(csv.DictReader(fh))
-    wanted = ["zephon/records_per_s", "zephon/tokens_per_s", "zephon/padding_ratio",
-              "zephon/mix_prose", "zephon/mix_prose_target", "zephon/inflight_chunks"]
+    wanted = [
+        "zephon/records_per_s",
+        "zephon/tokens_per_s",
+        "zephon/padding_ratio",
+        "zephon/mix_prose",
+        "zephon/mix_prose_target",
+        "zephon/inflight_chunks",
+    ]
     values = {k: [float(r[k]) for r in rows if r.get(k) not in (None, "")] for k in wanted}
     missing = [k for k, v in values.items() if not v]
     assert not missing, f"not logged: {missing}; columns: {list(rows[0]) if rows else []}"
@@ -252,9 +300,16 @@ PER_RANK = DDP_STEPS * ACC  # batches each rank trains on
 def _ddp_fit(tmp, name, **kw):
     record_dir = tmp / name
     record_dir.mkdir()
-    fit(max_steps=DDP_STEPS, ckpt_dir=str(tmp / f"{name}_ckpt"), devices=2,
-        strategy="ddp_spawn", every_n_train_steps=DDP_K, record_dir=str(record_dir),
-        **DDP_CFG, **kw)
+    fit(
+        max_steps=DDP_STEPS,
+        ckpt_dir=str(tmp / f"{name}_ckpt"),
+        devices=2,
+        strategy="ddp_spawn",
+        every_n_train_steps=DDP_K,
+        record_dir=str(record_dir),
+        **DDP_CFG,
+        **kw,
+    )
     return record_dir, str(tmp / f"{name}_ckpt")
 
 
@@ -297,9 +352,12 @@ def test_ddp_resume_on_two_devices_is_exact(ddp_run):
     # this run merges lane states through a shared directory instead of the process
     # group's store (the uninterrupted run used the default, "torch://")
     agg = tmp / "agg"
-    resumed_dir, resumed_ckpts = _ddp_fit(tmp, "resumed",
-                                          ckpt_path=step_checkpoint(ckpt_dir, DDP_K),
-                                          dm_kwargs={"aggregate_dir": str(agg)})
+    resumed_dir, resumed_ckpts = _ddp_fit(
+        tmp,
+        "resumed",
+        ckpt_path=step_checkpoint(ckpt_dir, DDP_K),
+        dm_kwargs={"aggregate_dir": str(agg)},
+    )
     assert agg.is_dir()
     for r in (0, 1):
         got = read_rank_records(str(resumed_dir), r)
@@ -315,9 +373,13 @@ def test_ddp_resume_on_two_devices_is_exact(ddp_run):
 
 def test_ddp_checkpoint_resumes_on_one_device_continuing_the_global_stream(ddp_run, tmp_path):
     _, ckpt_dir, _ = ddp_run
-    model, _, _ = fit(max_steps=DDP_STEPS, ckpt_dir=str(tmp_path / "one"),
-                      ckpt_path=step_checkpoint(ckpt_dir, DDP_K), every_n_train_steps=DDP_K,
-                      **DDP_CFG)
+    model, _, _ = fit(
+        max_steps=DDP_STEPS,
+        ckpt_dir=str(tmp_path / "one"),
+        ckpt_path=step_checkpoint(ckpt_dir, DDP_K),
+        every_n_train_steps=DDP_K,
+        **DDP_CFG,
+    )
     start = 2 * DDP_K * ACC  # global batches consumed before the checkpoint
     n = (DDP_STEPS - DDP_K) * ACC
     assert [s for s, _ in model.seen] == [DDP_K + i // ACC for i in range(n)]
@@ -326,6 +388,7 @@ def test_ddp_checkpoint_resumes_on_one_device_continuing_the_global_stream(ddp_r
 
 
 # -- exact or loud: no silent fresh start, renamed subclasses, RNG -----------------------------
+
 
 class RenamedBefore(ZephonDataModule):
     pass
@@ -337,32 +400,39 @@ class RenamedAfter(ZephonDataModule):
 
 def test_resume_from_a_checkpoint_without_zephon_state_is_refused(tmp_path):
     full, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "a"), every_n_train_steps=3)
-    ckpt = torch.load(step_checkpoint(str(tmp_path / "a"), 3), map_location="cpu",
-                      weights_only=False)
+    ckpt = torch.load(
+        step_checkpoint(str(tmp_path / "a"), 3), map_location="cpu", weights_only=False
+    )
     del ckpt["zephon"]  # as a plain Lightning checkpoint has none
     plain = str(tmp_path / "plain.ckpt")
     torch.save(ckpt, plain)
     with pytest.raises(MissingCheckpointState, match="allow_fresh_start=True"):
         fit(max_steps=8, ckpt_dir=str(tmp_path / "b"), ckpt_path=plain)
     # the explicit opt-out starts the data stream from its beginning
-    fresh, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "c"), ckpt_path=plain,
-                      dm_kwargs={"allow_fresh_start": True})
+    fresh, _, _ = fit(
+        max_steps=8,
+        ckpt_dir=str(tmp_path / "c"),
+        ckpt_path=plain,
+        dm_kwargs={"allow_fresh_start": True},
+    )
     assert _fps(fresh) == _fps(full)[:5]
 
 
 def test_a_renamed_datamodule_subclass_still_finds_its_state(tmp_path):
     full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), dm_class=RenamedBefore)
     ckpt = step_checkpoint(str(tmp_path / "a"), K)
-    tail, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "b"), ckpt_path=ckpt,
-                     dm_class=RenamedAfter)
+    tail, _, _ = fit(
+        max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "b"), ckpt_path=ckpt, dm_class=RenamedAfter
+    )
     assert _fps(tail) == _fps(full)[K:]
     # a checkpoint of the earlier layout (the state under the old class name) too
     raw = torch.load(ckpt, map_location="cpu", weights_only=False)
     raw["RenamedBefore"] = {"zephon": raw.pop("zephon")["state"]}
     legacy = str(tmp_path / "legacy.ckpt")
     torch.save(raw, legacy)
-    again, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "c"), ckpt_path=legacy,
-                      dm_class=RenamedAfter)
+    again, _, _ = fit(
+        max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "c"), ckpt_path=legacy, dm_class=RenamedAfter
+    )
     assert _fps(again) == _fps(full)[K:]
 
 
@@ -370,12 +440,20 @@ def test_a_renamed_datamodule_subclass_still_finds_its_state(tmp_path):
 def test_resume_with_dropout_is_bit_identical(tmp_path, num_workers):
     kw = dict(num_workers=num_workers, dropout=0.5)
     full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), **kw)
-    tail, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "b"),
-                     ckpt_path=step_checkpoint(str(tmp_path / "a"), K), **kw)
+    tail, _, _ = fit(
+        max_steps=MAX_STEPS,
+        ckpt_dir=str(tmp_path / "b"),
+        ckpt_path=step_checkpoint(str(tmp_path / "a"), K),
+        **kw,
+    )
     assert _fps(tail) == _fps(full)[K:]
     assert tail.losses == full.losses[K:], "dropout drew other numbers after the resume"
     # the RNG is restored on purpose: without it the losses differ
-    off, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "c"),
-                    ckpt_path=step_checkpoint(str(tmp_path / "a"), K),
-                    dm_kwargs={"restore_rng": False}, **kw)
+    off, _, _ = fit(
+        max_steps=MAX_STEPS,
+        ckpt_dir=str(tmp_path / "c"),
+        ckpt_path=step_checkpoint(str(tmp_path / "a"), K),
+        dm_kwargs={"restore_rng": False},
+        **kw,
+    )
     assert _fps(off) == _fps(full)[K:] and off.losses != full.losses[K:]

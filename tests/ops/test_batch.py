@@ -20,12 +20,17 @@ def batcher(batch_size=2, drop_last=True, upstream=(), **kw):
 
 
 def packed(offset, segments, chunk=0):
-    ids = np.concatenate([np.full(n, 10 * (j + 1) + offset, np.int32)
-                          for j, n in enumerate(segments)])
-    contribs = [Contributor(chunk, offset, j, j == len(segments) - 1, 0, n)
-                for j, n in enumerate(segments)]
-    return Record({"input_ids": ids, "segment_lengths": np.asarray(segments, np.int32)},
-                  SampleCursor(0, chunk, offset, 0), contribs)
+    ids = np.concatenate(
+        [np.full(n, 10 * (j + 1) + offset, np.int32) for j, n in enumerate(segments)]
+    )
+    contribs = [
+        Contributor(chunk, offset, j, j == len(segments) - 1, 0, n) for j, n in enumerate(segments)
+    ]
+    return Record(
+        {"input_ids": ids, "segment_lengths": np.asarray(segments, np.int32)},
+        SampleCursor(0, chunk, offset, 0),
+        contribs,
+    )
 
 
 def test_unpacked_rows_dtypes_shapes_labels_and_mask():
@@ -42,7 +47,7 @@ def test_unpacked_rows_dtypes_shapes_labels_and_mask():
     assert out["input_ids"].tolist() == [[5, 6, 7, 0, 0, 0], [1, 2, 3, 4, 9, 0]]
     assert out["labels"].tolist() == [[5, 6, 7, -100, -100, -100], [1, 2, 3, 4, 9, -100]]
     assert out["attention_mask"].long().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]]
-    assert b.cursor == r2.cursor                         # the last member's cursor
+    assert b.cursor == r2.cursor  # the last member's cursor
     assert b.contributors == r1.contributors + r2.contributors
 
 
@@ -73,8 +78,10 @@ def test_packed_rows_position_and_segment_ids():
         assert out[k].shape == (2, 10)
         if k != "attention_mask":
             assert out[k].dtype == torch.int64, k
-    assert out["segment_ids"].tolist() == [[1, 1, 1, 2, 2, 2, 2, 0, 0, 0],
-                                           [1, 1, 2, 2, 2, 2, 2, 3, 3, 3]]
+    assert out["segment_ids"].tolist() == [
+        [1, 1, 1, 2, 2, 2, 2, 0, 0, 0],
+        [1, 1, 2, 2, 2, 2, 2, 3, 3, 3],
+    ]
     assert out["position_ids"][0, :7].tolist() == [0, 1, 2, 0, 1, 2, 3]
     assert out["position_ids"][1].tolist() == [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
     assert out["attention_mask"].long().tolist() == [[1] * 7 + [0] * 3, [1] * 10]
@@ -93,14 +100,14 @@ def test_drop_last_true_stalls_across_flush_and_drops_at_finish():
     op = batcher(3, drop_last=True)
     recs = [rec(0, i, 2) for i in range(8)]
     assert feed(op, recs[:2]) == []
-    assert list(op.flush()) == []          # the stall: nothing leaves ...
-    assert pending(op)                      # ... and the partial batch is kept
-    (b,) = op.process(recs[2])                 # completes across the flush
+    assert list(op.flush()) == []  # the stall: nothing leaves ...
+    assert pending(op)  # ... and the partial batch is kept
+    (b,) = op.process(recs[2])  # completes across the flush
     assert [c.offset for c in b.contributors] == [0, 1, 2]
     assert feed(op, recs[3:8]) != []
-    assert pending(op)                      # recs 6, 7 wait
+    assert pending(op)  # recs 6, 7 wait
     assert list(op.flush()) == []
-    dropped = list(op.finish())                  # end of stream: dropped as tombstones
+    dropped = list(op.finish())  # end of stream: dropped as tombstones
     assert all(t.is_tombstone for t in dropped)
     assert sorted(c.offset for t in dropped for c in t.contributors) == [6, 7]
     assert not pending(op)
@@ -133,24 +140,36 @@ def test_lanes_collate_separately():
 
 def test_generic_payloads_use_default_collate():
     op = batcher(3)
-    recs = [Record({"x": float(i), "y": i, "v": np.arange(3) + i, "s": f"s{i}"},
-                   SampleCursor(0, 0, i, 0), [Contributor(0, i, 0, True, 0, 0)])
-            for i in range(3)]
+    recs = [
+        Record(
+            {"x": float(i), "y": i, "v": np.arange(3) + i, "s": f"s{i}"},
+            SampleCursor(0, 0, i, 0),
+            [Contributor(0, i, 0, True, 0, 0)],
+        )
+        for i in range(3)
+    ]
     (b,) = feed(op, recs)
     out = b.payload
     assert out["x"].dtype == torch.float64 and out["x"].tolist() == [0.0, 1.0, 2.0]
     assert out["y"].dtype == torch.int64 and out["y"].tolist() == [0, 1, 2]
     assert out["v"].shape == (3, 3) and out["v"][2].tolist() == [2, 3, 4]
     assert out["s"] == ["s0", "s1", "s2"]
-    ints = [Record(i, SampleCursor(0, 1, i, 0), [Contributor(1, i, 0, True, 0, 0)])
-            for i in range(3)]
+    ints = [
+        Record(i, SampleCursor(0, 1, i, 0), [Contributor(1, i, 0, True, 0, 0)]) for i in range(3)
+    ]
     (b2,) = feed(batcher(3), ints)
     assert torch.equal(b2.payload, torch.tensor([0, 1, 2]))
 
 
-@pytest.mark.parametrize("kw", [dict(batch_size=0), dict(batch_size=2.0),
-                                dict(batch_size=2, pad_to="min"),
-                                dict(batch_size=2, seq_len=0)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_size=0),
+        dict(batch_size=2.0),
+        dict(batch_size=2, pad_to="min"),
+        dict(batch_size=2, seq_len=0),
+    ],
+)
 def test_bad_config(kw):
     with pytest.raises(ConfigError):
         BatchOp(**kw)
@@ -162,36 +181,48 @@ def test_traits():
 
 # -- through a pipeline --------------------------------------------------------------
 
+
 def _rows(name, n, start=0):
     return [{"v": start + i, "name": f"{name}{start + i}"} for i in range(n)]
 
 
 def _generic_source(chunk_size=2, num_epochs=None):
-    return StaticMixtureWorkSource({"a": _rows("a", 11), "b": _rows("b", 7, 100)},
-                                   {"a": 0.5, "b": 0.5}, chunk_size=chunk_size, seed=1,
-                                   shuffle=False, num_epochs=num_epochs)
+    return StaticMixtureWorkSource(
+        {"a": _rows("a", 11), "b": _rows("b", 7, 100)},
+        {"a": 0.5, "b": 0.5},
+        chunk_size=chunk_size,
+        seed=1,
+        shuffle=False,
+        num_epochs=num_epochs,
+    )
 
 
 def _order_keeping_flusher(src, drop_last, k=1, batch_size=3):
     # shuffle(1) keeps order but is not order-preserving by trait: flushes happen
-    return (Pipeline(src, seed=1, flush_every_k_chunks=k).fetch().shuffle(1)
-            .batch(batch_size, drop_last=drop_last))
+    return (
+        Pipeline(src, seed=1, flush_every_k_chunks=k)
+        .fetch()
+        .shuffle(1)
+        .batch(batch_size, drop_last=drop_last)
+    )
 
 
 def test_pipeline_drop_last_true_batches_span_flushes():
     records = run(Pipeline(_generic_source(), seed=1).fetch(), 30)
     batches = run(_order_keeping_flusher(_generic_source(), True), 10)
     # epochs are 2 records (k=1, chunk_size=2) but batches of 3 span them
-    assert [b["v"].tolist() for b in batches] == \
-        [[r["v"] for r in records[i:i + 3]] for i in range(0, 30, 3)]
+    assert [b["v"].tolist() for b in batches] == [
+        [r["v"] for r in records[i : i + 3]] for i in range(0, 30, 3)
+    ]
     assert batches[0]["name"] == [r["name"] for r in records[:3]]
 
 
 def test_pipeline_drop_last_false_emits_partial_at_each_flush():
     records = run(Pipeline(_generic_source(), seed=1).fetch(), 20)
     batches = run(_order_keeping_flusher(_generic_source(), False), 10)
-    assert [b["v"].tolist() for b in batches] == \
-        [[r["v"] for r in records[i:i + 2]] for i in range(0, 20, 2)]
+    assert [b["v"].tolist() for b in batches] == [
+        [r["v"] for r in records[i : i + 2]] for i in range(0, 20, 2)
+    ]
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
@@ -202,13 +233,13 @@ def test_pipeline_finite_stream_end(drop_last):
     pipe = _order_keeping_flusher(_generic_source(num_epochs=1), drop_last, k=2)
     batches = run_all(pipe)
     vs = [b["v"].tolist() for b in batches]
-    if drop_last:   # full batches only, spanning epochs
-        assert vs == [[r["v"] for r in records[i:i + 3]] for i in range(0, 18, 3)]
-    else:           # every epoch of 4 ends with a partial batch of 1; 2 left at the end
+    if drop_last:  # full batches only, spanning epochs
+        assert vs == [[r["v"] for r in records[i : i + 3]] for i in range(0, 18, 3)]
+    else:  # every epoch of 4 ends with a partial batch of 1; 2 left at the end
         want = []
         for e in range(0, 18, 4):
-            ep = [r["v"] for r in records[e:e + 4]]
-            want += [ep[i:i + 3] for i in range(0, len(ep), 3)]
+            ep = [r["v"] for r in records[e : e + 4]]
+            want += [ep[i : i + 3] for i in range(0, len(ep), 3)]
         assert vs == want
     # nothing is lost or duplicated (18 rows: full batches only, nothing left to drop)
     assert sorted(v for b in vs for v in b) == sorted(r["v"] for r in records)
@@ -216,10 +247,12 @@ def test_pipeline_finite_stream_end(drop_last):
 
 def test_pipeline_finite_stream_drop_last_drops_the_tail():
     records = run_all(Pipeline(_generic_source(num_epochs=1), seed=1).fetch())
-    batches = run_all(_order_keeping_flusher(_generic_source(num_epochs=1), True, k=2,
-                                             batch_size=4))
-    assert [b["v"].tolist() for b in batches] == \
-        [[r["v"] for r in records[i:i + 4]] for i in range(0, 16, 4)]
+    batches = run_all(
+        _order_keeping_flusher(_generic_source(num_epochs=1), True, k=2, batch_size=4)
+    )
+    assert [b["v"].tolist() for b in batches] == [
+        [r["v"] for r in records[i : i + 4]] for i in range(0, 16, 4)
+    ]
     pipe = _order_keeping_flusher(_generic_source(num_epochs=1), True, k=2, batch_size=4)
     try:
         it = iter(pipe)
@@ -232,11 +265,21 @@ def test_pipeline_finite_stream_drop_last_drops_the_tail():
 
 def test_pipeline_packed_batches():
     seq_len, bs = 32, 4
-    rows = run(Pipeline(token_source(), seed=2, flush_every_k_chunks=2).fetch()
-               .split(max_len=seq_len).pack(seq_len=seq_len, bins=3), 4 * bs)
-    batches = run(Pipeline(token_source(), seed=2, flush_every_k_chunks=2).fetch()
-                  .split(max_len=seq_len).pack(seq_len=seq_len, bins=3)
-                  .batch(bs, drop_last=True), 4)
+    rows = run(
+        Pipeline(token_source(), seed=2, flush_every_k_chunks=2)
+        .fetch()
+        .split(max_len=seq_len)
+        .pack(seq_len=seq_len, bins=3),
+        4 * bs,
+    )
+    batches = run(
+        Pipeline(token_source(), seed=2, flush_every_k_chunks=2)
+        .fetch()
+        .split(max_len=seq_len)
+        .pack(seq_len=seq_len, bins=3)
+        .batch(bs, drop_last=True),
+        4,
+    )
     for i, b in enumerate(batches):
         assert b["input_ids"].shape == (bs, seq_len)
         for j in range(bs):
@@ -245,20 +288,21 @@ def test_pipeline_packed_batches():
             assert b["input_ids"][j, :n].tolist() == row["input_ids"].tolist()
             assert b["attention_mask"][j].sum().item() == n
             assert (b["labels"][j, n:] == -100).all()
-            seg = np.repeat(np.arange(1, len(row["segment_lengths"]) + 1),
-                            row["segment_lengths"])
+            seg = np.repeat(np.arange(1, len(row["segment_lengths"]) + 1), row["segment_lengths"])
             assert b["segment_ids"][j, :n].tolist() == seg.tolist()
             assert (b["segment_ids"][j, n:] == 0).all()
             starts = np.r_[0, np.cumsum(row["segment_lengths"])[:-1]]
-            assert b["position_ids"][j, :n].tolist() == \
-                (np.arange(n) - np.repeat(starts, row["segment_lengths"])).tolist()
+            assert (
+                b["position_ids"][j, :n].tolist()
+                == (np.arange(n) - np.repeat(starts, row["segment_lengths"])).tolist()
+            )
 
 
 def test_pipeline_pad_to_longest_without_pack():
     batches = run(Pipeline(token_source(), seed=2).fetch().batch(4, pad_to="longest"), 5)
     rows = run(Pipeline(token_source(), seed=2).fetch(), 20)
     for i, b in enumerate(batches):
-        lens = [len(r["input_ids"]) for r in rows[4 * i:4 * i + 4]]
+        lens = [len(r["input_ids"]) for r in rows[4 * i : 4 * i + 4]]
         assert b["input_ids"].shape == (4, max(lens))
         assert b["attention_mask"].sum(1).tolist() == lens
 
@@ -294,20 +338,26 @@ def test_batches_partition_the_input(bs, drop_last, data):
     if drop_last:
         assert all(t.is_tombstone for t in end)
         assert len(rows) == len(recs) // bs * bs
-        assert sorted(c.offset + 4 * c.chunk_id for t in end for c in t.contributors) == \
-            list(range(len(rows), len(recs)))
+        assert sorted(c.offset + 4 * c.chunk_id for t in end for c in t.contributors) == list(
+            range(len(rows), len(recs))
+        )
     else:
         for b in end:
-            rows += [x[m].tolist() for x, m in zip(b.payload["input_ids"],
-                                                   b.payload["attention_mask"].bool())]
+            rows += [
+                x[m].tolist()
+                for x, m in zip(b.payload["input_ids"], b.payload["attention_mask"].bool())
+            ]
         assert len(rows) == len(recs)
-    assert rows == [r.payload["input_ids"].tolist() for r in recs[:len(rows)]]
+    assert rows == [r.payload["input_ids"].tolist() for r in recs[: len(rows)]]
 
 
-@pytest.mark.parametrize("tokens, word", [
-    (np.arange(8, dtype=np.float64) + 0.7, "float64"),
-    (np.ones((2, 4), dtype=np.int64), "2-D"),
-])
+@pytest.mark.parametrize(
+    "tokens, word",
+    [
+        (np.arange(8, dtype=np.float64) + 0.7, "float64"),
+        (np.ones((2, 4), dtype=np.int64), "2-D"),
+    ],
+)
 def test_batch_refuses_non_integer_or_2d_token_ids(tokens, word):
     from zephon_core.errors import ContractViolation
 

@@ -126,17 +126,27 @@ def build(op_factory, *, lanes=1, k=1, prefetch=0, chunk_size=4, batch=False):
     def fn():
         op = op_factory()
         monotone = op.traits.preserves_cursor_order
-        pipe = (Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes,
-                         flush_every_k_chunks=None if monotone else k, seed=21,
-                         prefetch=prefetch)
-                .fetch().map(_tokenize_ids).then(op))
+        pipe = (
+            Pipeline(
+                token_source(chunk_size=chunk_size),
+                canonical_replicas=lanes,
+                flush_every_k_chunks=None if monotone else k,
+                seed=21,
+                prefetch=prefetch,
+            )
+            .fetch()
+            .map(_tokenize_ids)
+            .then(op)
+        )
         return pipe.batch(2, drop_last=True) if batch else pipe
+
     return fn
 
 
 @pytest.mark.parametrize("factory", [LengthSortBuffer, SeededReservoir, KeyedTokenDropout])
-@pytest.mark.parametrize(("lanes", "k", "prefetch", "batch"),
-                         [(1, 1, 0, False), (3, 2, 2, False), (2, 3, 1, True)])
+@pytest.mark.parametrize(
+    ("lanes", "k", "prefetch", "batch"), [(1, 1, 0, False), (3, 2, 2, False), (2, 3, 1, True)]
+)
 def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch):
     fn = build(factory, lanes=lanes, k=k, prefetch=prefetch, batch=batch)
     total = 60
@@ -148,8 +158,10 @@ def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch
 
 def test_stateless_custom_operator_runs_on_threads():
     plan = build(KeyedTokenDropout, k=2)().compile()
-    assert any(st.runner == "threads" and any(op.name == "token_dropout" for op in st.ops)
-               for st in plan.stages)
+    assert any(
+        st.runner == "threads" and any(op.name == "token_dropout" for op in st.ops)
+        for st in plan.stages
+    )
 
 
 def test_good_custom_operator_really_reorders():
@@ -162,9 +174,9 @@ def test_good_custom_operator_really_reorders():
 
 def test_custom_operator_instance_is_not_shared_between_runs():
     op = SeededReservoir()
-    pipe = (Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op))
+    pipe = Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op)
     a = [p["id"] for p in run(pipe, 30)]
-    pipe2 = (Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op))
+    pipe2 = Pipeline(token_source(), seed=21, flush_every_k_chunks=1).fetch().then(op)
     b = [p["id"] for p in run(pipe2, 30)]
     assert a == b
     assert op._held == [] and not hasattr(op, "ctx")  # the pipeline worked on its own copies
@@ -248,8 +260,13 @@ def _checkpoint_then_change_data(build_fn, n):
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_divergence_epoch_based_is_typed(prefetch):
     def fn():
-        return (Pipeline(token_source(), seed=3, prefetch=prefetch, flush_every_k_chunks=2)
-                .fetch().filter(_not_dropped).shuffle(3))
+        return (
+            Pipeline(token_source(), seed=3, prefetch=prefetch, flush_every_k_chunks=2)
+            .fetch()
+            .filter(_not_dropped)
+            .shuffle(3)
+        )
+
     resumed = _checkpoint_then_change_data(fn, 10)
     with pytest.raises(ReplayDivergence, match="lane 0"):
         run(resumed, 5)
@@ -258,8 +275,8 @@ def test_divergence_epoch_based_is_typed(prefetch):
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_divergence_monotone_is_typed(prefetch):
     def fn():
-        return (Pipeline(token_source(), seed=3, prefetch=prefetch)
-                .fetch().filter(_not_dropped))
+        return Pipeline(token_source(), seed=3, prefetch=prefetch).fetch().filter(_not_dropped)
+
     resumed = _checkpoint_then_change_data(fn, 10)
     with pytest.raises(ReplayDivergence, match="lane 0"):
         run(resumed, 5)
@@ -267,8 +284,12 @@ def test_divergence_monotone_is_typed(prefetch):
 
 def test_divergence_at_end_of_stream_is_typed():
     def fn():
-        return (Pipeline(token_source(n_a=6, n_b=5, num_epochs=1), seed=3, prefetch=0)
-                .fetch().filter(_not_dropped))
+        return (
+            Pipeline(token_source(n_a=6, n_b=5, num_epochs=1), seed=3, prefetch=0)
+            .fetch()
+            .filter(_not_dropped)
+        )
+
     n = len(run(fn(), 1000))
     resumed = _checkpoint_then_change_data(fn, n)
     with pytest.raises(ReplayDivergence, match="end of the stream"):

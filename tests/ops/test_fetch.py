@@ -13,21 +13,30 @@ from zephon_core.records import Contributor, Record, SampleCursor
 def _source(chunk_size=8, weights=(0.6, 0.4)):
     a = CountingDataset([{"v": f"a{i}"} for i in range(23)])
     b = CountingDataset([{"v": f"b{i}"} for i in range(17)])
-    src = StaticMixtureWorkSource({"a": a, "b": b}, {"a": weights[0], "b": weights[1]},
-                                  chunk_size=chunk_size, seed=3)
+    src = StaticMixtureWorkSource(
+        {"a": a, "b": b}, {"a": weights[0], "b": weights[1]}, chunk_size=chunk_size, seed=3
+    )
     return src, a, b
 
 
 def _pointer(offset, comp, row, chunk=0, lane=0):
-    return Record((comp, row), SampleCursor(lane, chunk, offset, 0),
-                  [Contributor(chunk, offset, 0, True, comp, 0)])
+    return Record(
+        (comp, row),
+        SampleCursor(lane, chunk, offset, 0),
+        [Contributor(chunk, offset, 0, True, comp, 0)],
+    )
 
 
 def test_one_batched_read_per_dataset_and_order_kept():
     src, a, b = _source()
     op = bind(FetchOp(), source=src)
-    recs = [_pointer(0, 0, 5), _pointer(1, 1, 3), _pointer(2, 0, 7), _pointer(3, 0, 1),
-            _pointer(4, 1, 16)]
+    recs = [
+        _pointer(0, 0, 5),
+        _pointer(1, 1, 3),
+        _pointer(2, 0, 7),
+        _pointer(3, 0, 1),
+        _pointer(4, 1, 16),
+    ]
     out = op.process_many(recs)
     assert a.calls == [[5, 7, 1]]
     assert b.calls == [[3, 16]]
@@ -121,8 +130,12 @@ def test_a_failing_read_names_the_dataset_and_the_row():
     from zephon_core import PipelineError
 
     flaky = _BadRow(list(range(20)))
-    src = StaticMixtureWorkSource({"good": CountingDataset(list(range(20))), "flaky": flaky},
-                                  chunk_size=4, seed=1, shuffle=False)
+    src = StaticMixtureWorkSource(
+        {"good": CountingDataset(list(range(20))), "flaky": flaky},
+        chunk_size=4,
+        seed=1,
+        shuffle=False,
+    )
     pipe = Pipeline(src, canonical_replicas=1, seed=1, prefetch=0).fetch()
     pipe.compile()
     flaky.broken = True

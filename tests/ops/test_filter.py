@@ -52,8 +52,12 @@ def _keep70(p):
 
 def test_pipeline_output_is_the_filtered_stream():
     base = run(Pipeline(token_source(), canonical_replicas=1, seed=2).fetch(), 200)
-    got = run(Pipeline(token_source(), canonical_replicas=1, seed=2).fetch()
-              .filter(_keep70, parallelism=2), 100)
+    got = run(
+        Pipeline(token_source(), canonical_replicas=1, seed=2)
+        .fetch()
+        .filter(_keep70, parallelism=2),
+        100,
+    )
     kept = [_keep70(p) for p in base]
     want = [p for p, k in zip(base, kept) if k][:100]
     assert len(got) == 100
@@ -64,9 +68,18 @@ def test_pipeline_output_is_the_filtered_stream():
 
 def test_tombstones_let_chunks_evict():
     """Dropped records close their offsets: the inflight set stays bounded."""
-    pipe = (Pipeline(token_source(chunk_size=4), canonical_replicas=1, seed=2,
-                     flush_every_k_chunks=2, prefetch=0)
-            .fetch().filter(_keep70).shuffle(buffer_size=3))
+    pipe = (
+        Pipeline(
+            token_source(chunk_size=4),
+            canonical_replicas=1,
+            seed=2,
+            flush_every_k_chunks=2,
+            prefetch=0,
+        )
+        .fetch()
+        .filter(_keep70)
+        .shuffle(buffer_size=3)
+    )
     try:
         it = iter(pipe)
         sizes = []
@@ -80,8 +93,12 @@ def test_tombstones_let_chunks_evict():
 
 
 def test_filter_everything_of_one_component():
-    got = run(Pipeline(token_source(), canonical_replicas=2, seed=2).fetch()
-              .filter(lambda p: p["id"].startswith("a")), 40)
+    got = run(
+        Pipeline(token_source(), canonical_replicas=2, seed=2)
+        .fetch()
+        .filter(lambda p: p["id"].startswith("a")),
+        40,
+    )
     assert all(p["id"].startswith("a") for p in got)
     assert len({p["id"] for p in got}) == 40
     assert np.all([len(p["input_ids"]) > 0 for p in got])

@@ -57,8 +57,11 @@ def test_batched_gets_the_whole_microbatch_once():
 
 @pytest.mark.parametrize("delta", [-1, +1])
 def test_batched_not_one_to_one_is_a_contract_violation(delta):
-    op = bind(MapOp(lambda ps: list(ps) + [ps[0]] if delta > 0 else list(ps)[:-1],
-                    batched=True, name="tok"))
+    op = bind(
+        MapOp(
+            lambda ps: list(ps) + [ps[0]] if delta > 0 else list(ps)[:-1], batched=True, name="tok"
+        )
+    )
     with pytest.raises(ContractViolation, match="'tok'.*1:1"):
         op.process_many([rec(0, i, 2) for i in range(3)])
 
@@ -67,8 +70,7 @@ def test_batched_violation_through_pipeline_names_the_operator():
     def drop_one(ps):
         return list(ps)[1:]
 
-    pipe = Pipeline(token_source(), prefetch=0).fetch().map(drop_one, batched=True,
-                                                            name="dropper")
+    pipe = Pipeline(token_source(), prefetch=0).fetch().map(drop_one, batched=True, name="dropper")
     with pytest.raises((ContractViolation, PipelineError)) as ei:
         run(pipe, 3)
     err = ei.value
@@ -99,18 +101,28 @@ def test_pipeline_batched_equals_unbatched_and_is_called_per_chunk(parallelism):
         return _strip_batched(ps)
 
     src_kw = dict(chunk_size=5)
-    plain = run(Pipeline(token_source(**src_kw), canonical_replicas=2, seed=2)
-                .fetch(parallelism).map(_strip, parallelism=parallelism), 50)
-    batched = run(Pipeline(token_source(**src_kw), canonical_replicas=2, seed=2)
-                  .fetch(parallelism).map(counted, parallelism=parallelism, batched=True), 50)
+    plain = run(
+        Pipeline(token_source(**src_kw), canonical_replicas=2, seed=2)
+        .fetch(parallelism)
+        .map(_strip, parallelism=parallelism),
+        50,
+    )
+    batched = run(
+        Pipeline(token_source(**src_kw), canonical_replicas=2, seed=2)
+        .fetch(parallelism)
+        .map(counted, parallelism=parallelism, batched=True),
+        50,
+    )
     assert plain == batched
     assert calls and all(n == 5 for n in calls)  # one call per chunk (5 pointers each)
 
 
 def test_pipeline_output_is_the_mapped_fetch_output():
     base = run(Pipeline(token_source(), canonical_replicas=3, seed=2).fetch(), 40)
-    mapped = run(Pipeline(token_source(), canonical_replicas=3, seed=2).fetch()
-                 .map(_strip, parallelism=2), 40)
+    mapped = run(
+        Pipeline(token_source(), canonical_replicas=3, seed=2).fetch().map(_strip, parallelism=2),
+        40,
+    )
     assert mapped == [_strip(p) for p in base]
     assert all(isinstance(p["n"], int) for p in mapped)
     assert np.all([p["n"] > 0 for p in mapped])

@@ -38,15 +38,15 @@ def packer(seq_len=10, bins=3):
 def test_first_fit_lowest_index_exactly_full_and_fullest_eviction():
     op = packer(10, 3)
     f = frags(6, 7, 5, 8, 4, 2, 2, 5, 1, 3)
-    assert feed(op, f[0:3]) == []              # bins: [6] [7] [5]
+    assert feed(op, f[0:3]) == []  # bins: [6] [7] [5]
     assert groups(op.process(f[3])) == [[1]]  # 8 fits nowhere: fullest (7, slot 1) out
     assert groups(op.process(f[4])) == [[0, 4]]  # 6+4: slot 0 exactly full -> emitted
     # slot 0 is empty again and lowest: 2 goes there although 8+2 would fill slot 1
-    assert feed(op, f[5:8]) == []              # slot 0: 2+2+5 = 9
+    assert feed(op, f[5:8]) == []  # slot 0: 2+2+5 = 9
     assert groups(op.process(f[8])) == [[5, 6, 7, 8]]  # 9+1 exactly full
     assert pending(op)
     flushed = list(op.flush())
-    assert groups(flushed) == [[3], [2]]        # slot order: slot 1 (8), slot 2 (5)
+    assert groups(flushed) == [[3], [2]]  # slot order: slot 1 (8), slot 2 (5)
     assert [len(r.payload["input_ids"]) for r in flushed] == [8, 5]
     assert not pending(op)
     assert list(op.flush()) == []
@@ -75,27 +75,31 @@ def test_full_length_fragment():
     op = packer(10, 2)
     assert groups(op.process(rec(0, 0, 10))) == [[0]]  # into empty slot 0: full at once
     assert not pending(op)
-    assert feed(op, frags(7, 6, start=1)) == []             # [7] [6]
+    assert feed(op, frags(7, 6, start=1)) == []  # [7] [6]
     # 10 fits nowhere: the fullest (slot 0) is emitted, the fragment starts slot 0
     # and is exactly full, so it is emitted right after
     assert groups(op.process(rec(0, 3, 10))) == [[1], [3]]
-    assert groups(op.process(rec(0, 4, 3))) == []        # lowest empty slot: 0
+    assert groups(op.process(rec(0, 4, 3))) == []  # lowest empty slot: 0
     assert groups(op.flush()) == [[4], [2]]
 
 
 def test_packed_record_payload_cursor_and_contributors():
     op = packer(10, 1)
-    parts = [rec(5, 2, [1, 2, 3], child=1, last=False, comp=1, n_tokens=0),
-             rec(6, 0, [4, 5], comp=0),
-             rec(4, 9, [6, 7, 8, 9, 10], child=3, last=True, comp=1)]
+    parts = [
+        rec(5, 2, [1, 2, 3], child=1, last=False, comp=1, n_tokens=0),
+        rec(6, 0, [4, 5], comp=0),
+        rec(4, 9, [6, 7, 8, 9, 10], child=3, last=True, comp=1),
+    ]
     (out,) = feed(op, parts)
-    assert tuple(out.cursor) == (0, 5, 2, 1)     # the first fragment's cursor
+    assert tuple(out.cursor) == (0, 5, 2, 1)  # the first fragment's cursor
     assert out.payload["input_ids"].tolist() == list(range(1, 11))
     assert out.payload["segment_lengths"].tolist() == [3, 2, 5]
     assert out.payload["segment_lengths"].dtype == np.int32
-    assert out.contributors == [Contributor(5, 2, 1, False, 1, 3),  # n_tokens filled in
-                                Contributor(6, 0, 0, True, 0, 2),
-                                Contributor(4, 9, 3, True, 1, 5)]
+    assert out.contributors == [
+        Contributor(5, 2, 1, False, 1, 3),  # n_tokens filled in
+        Contributor(6, 0, 0, True, 0, 2),
+        Contributor(4, 9, 3, True, 1, 5),
+    ]
     assert set(out.payload) == {"input_ids", "segment_lengths"}
 
 
@@ -115,8 +119,11 @@ def test_fragment_longer_than_seq_len_names_split():
 
 
 def test_pipeline_without_split_fails_naming_split():
-    pipe = (Pipeline(token_source(), seed=1, prefetch=0, flush_every_k_chunks=2)
-            .fetch().pack(seq_len=8, bins=2))
+    pipe = (
+        Pipeline(token_source(), seed=1, prefetch=0, flush_every_k_chunks=2)
+        .fetch()
+        .pack(seq_len=8, bins=2)
+    )
     with pytest.raises((ConfigError, PipelineError), match=r"split\(max_len=8\)") as ei:
         run(pipe, 3)
     err = ei.value
@@ -147,8 +154,9 @@ def test_lanes_are_independent():
     assert groups(op0.flush()) == [[0]]
 
 
-@pytest.mark.parametrize("kw", [dict(seq_len=0), dict(seq_len=1.5), dict(bins=0),
-                                dict(strategy="best_fit")])
+@pytest.mark.parametrize(
+    "kw", [dict(seq_len=0), dict(seq_len=1.5), dict(bins=0), dict(strategy="best_fit")]
+)
 def test_bad_config(kw):
     args = dict(seq_len=8, bins=2) | kw
     with pytest.raises(ConfigError):
@@ -160,6 +168,7 @@ def test_traits():
 
 
 # -- docs/design.md §6: why accumulators must be flushed -----------------------
+
 
 def _phase_run(prefix_sizes, n):
     """A 2-bin packer of capacity 10, brought into a state by ``prefix_sizes``, then fed
@@ -198,6 +207,7 @@ def test_seed_example_packers_stay_phase_shifted_until_flushed():
 
 # -- through a pipeline, against an independent first-fit model ---------------------
 
+
 def _model_first_fit(epochs, seq_len, bins):
     """Reference first-fit over epochs of token arrays (flush at every epoch end)."""
     out = []
@@ -226,12 +236,16 @@ def _model_first_fit(epochs, seq_len, bins):
     return out
 
 
-@pytest.mark.parametrize(("lanes", "k", "chunk_size", "seq_len", "bins"),
-                         [(1, 2, 4, 24, 3), (2, 1, 3, 32, 2), (3, 3, 5, 20, 4)])
+@pytest.mark.parametrize(
+    ("lanes", "k", "chunk_size", "seq_len", "bins"),
+    [(1, 2, 4, 24, 3), (2, 1, 3, 32, 2), (3, 3, 5, 20, 4)],
+)
 def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bins):
     n_out = 90
-    docs = run(Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes,
-                        seed=9).fetch(), 60 * lanes * chunk_size)
+    docs = run(
+        Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes, seed=9).fetch(),
+        60 * lanes * chunk_size,
+    )
     expected_per_lane = []
     for lane in range(lanes):
         lane_docs = docs[lane::lanes]
@@ -241,15 +255,24 @@ def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bin
             if e == len(epochs):
                 epochs.append([])
             ids = d["input_ids"]
-            epochs[e] += [ids[i:i + seq_len] for i in range(0, len(ids), seq_len)]
+            epochs[e] += [ids[i : i + seq_len] for i in range(0, len(ids), seq_len)]
         expected_per_lane.append(_model_first_fit(epochs[:-1], seq_len, bins))
     expected = []
     for i in range(n_out // lanes + 1):
         for lane in range(lanes):
             expected.append(expected_per_lane[lane][i])
-    got = run(Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes,
-                       flush_every_k_chunks=k, seed=9)
-              .fetch().split(max_len=seq_len).pack(seq_len=seq_len, bins=bins), n_out)
+    got = run(
+        Pipeline(
+            token_source(chunk_size=chunk_size),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=k,
+            seed=9,
+        )
+        .fetch()
+        .split(max_len=seq_len)
+        .pack(seq_len=seq_len, bins=bins),
+        n_out,
+    )
     assert len(got) == n_out
     for g, parts in zip(got, expected):
         assert g["input_ids"].tolist() == np.concatenate(parts).tolist()
@@ -301,11 +324,14 @@ def test_pack_matches_first_fit_model(seq_len, bins, data):
     assert emitted == [i for i, n in enumerate(sizes) if n > 0]  # nothing lost or doubled
 
 
-@pytest.mark.parametrize("tokens, words", [
-    (np.arange(8, dtype=np.float32), ["float32", "integer"]),
-    (np.ones((2, 4), dtype=np.int32), ["2-D", "1-D"]),
-    ([0.5, 1.5], ["float64"]),
-])
+@pytest.mark.parametrize(
+    "tokens, words",
+    [
+        (np.arange(8, dtype=np.float32), ["float32", "integer"]),
+        (np.ones((2, 4), dtype=np.int32), ["2-D", "1-D"]),
+        ([0.5, 1.5], ["float64"]),
+    ],
+)
 def test_non_integer_or_2d_token_ids_are_refused_not_truncated(tokens, words):
     from zephon_core.errors import ContractViolation
 

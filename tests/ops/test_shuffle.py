@@ -146,9 +146,17 @@ def test_traits():
 
 
 def _pipe(seed=5, buffer_size=3, lanes=1, k=2, chunk_size=4):
-    return (Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes,
-                     flush_every_k_chunks=k, seed=seed)
-            .fetch().map(lambda p: {"id": p["id"]}, name="ids").shuffle(buffer_size))
+    return (
+        Pipeline(
+            token_source(chunk_size=chunk_size),
+            canonical_replicas=lanes,
+            flush_every_k_chunks=k,
+            seed=seed,
+        )
+        .fetch()
+        .map(lambda p: {"id": p["id"]}, name="ids")
+        .shuffle(buffer_size)
+    )
 
 
 def test_pipeline_shuffles_within_each_epoch():
@@ -157,7 +165,7 @@ def test_pipeline_shuffles_within_each_epoch():
     got = [p["id"] for p in run(_pipe(), 96)]
     assert got != base
     for e in range(0, 96, 8):  # epoch = k * chunk_size = 8 records
-        assert Counter(got[e:e + 8]) == Counter(base[e:e + 8])
+        assert Counter(got[e : e + 8]) == Counter(base[e : e + 8])
 
 
 def test_pipeline_deterministic_and_seeded():

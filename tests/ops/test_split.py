@@ -18,8 +18,10 @@ def test_children_cursors_last_flag_and_token_counts():
     out = op.process(r)
     assert cursors(out) == [(2, 7, 3, 0), (2, 7, 3, 1), (2, 7, 3, 2)]
     assert [len(c.payload["input_ids"]) for c in out] == [4, 4, 2]
-    assert np.concatenate([c.payload["input_ids"] for c in out]).tolist() == \
-        r.payload["input_ids"].tolist()
+    assert (
+        np.concatenate([c.payload["input_ids"] for c in out]).tolist()
+        == r.payload["input_ids"].tolist()
+    )
     assert [c.contributors for c in out] == [
         [Contributor(7, 3, 0, False, 1, 4)],
         [Contributor(7, 3, 1, False, 1, 4)],
@@ -27,8 +29,7 @@ def test_children_cursors_last_flag_and_token_counts():
     ]
 
 
-@pytest.mark.parametrize(("n", "lens"), [(8, [4, 4]), (9, [4, 4, 1]), (4, [4]), (1, [1]),
-                                         (0, [0])])
+@pytest.mark.parametrize(("n", "lens"), [(8, [4, 4]), (9, [4, 4, 1]), (4, [4]), (1, [1]), (0, [0])])
 def test_boundaries(n, lens):
     out = bind(SplitOp(4)).process(rec(0, 0, n))
     assert [len(c.payload["input_ids"]) for c in out] == lens
@@ -47,26 +48,34 @@ def test_short_record_keeps_cursor_and_payload_and_gets_n_tokens():
 
 def test_arrays_of_the_same_length_are_cut_alongside_others_copied():
     n = 7
-    payload = {"input_ids": np.arange(n, dtype=np.int32),
-               "loss_mask": np.arange(100, 100 + n),
-               "other_len": np.arange(3),
-               "as_list": list(range(n)),
-               "id": "d0"}
+    payload = {
+        "input_ids": np.arange(n, dtype=np.int32),
+        "loss_mask": np.arange(100, 100 + n),
+        "other_len": np.arange(3),
+        "as_list": list(range(n)),
+        "id": "d0",
+    }
     out = bind(SplitOp(3)).process(rec(0, 0, payload=payload, n_tokens=0))
-    assert [c.payload["loss_mask"].tolist() for c in out] == [[100, 101, 102],
-                                                              [103, 104, 105], [106]]
+    assert [c.payload["loss_mask"].tolist() for c in out] == [
+        [100, 101, 102],
+        [103, 104, 105],
+        [106],
+    ]
     for c in out:
         assert c.payload["id"] == "d0"
         assert c.payload["other_len"].tolist() == [0, 1, 2]  # different length: copied
-        assert c.payload["as_list"] == list(range(n))        # not an array: copied
+        assert c.payload["as_list"] == list(range(n))  # not an array: copied
         assert len(c.payload["input_ids"]) == len(c.payload["loss_mask"])
-    assert payload["input_ids"].tolist() == list(range(n))    # input not mutated
+    assert payload["input_ids"].tolist() == list(range(n))  # input not mutated
 
 
 def test_merged_or_already_split_records_are_rejected():
     op = bind(SplitOp(4))
-    merged = Record({"input_ids": np.arange(10, dtype=np.int32)}, SampleCursor(0, 0, 0, 0),
-                    [Contributor(0, 0, 0, True, 0, 5), Contributor(0, 1, 0, True, 0, 5)])
+    merged = Record(
+        {"input_ids": np.arange(10, dtype=np.int32)},
+        SampleCursor(0, 0, 0, 0),
+        [Contributor(0, 0, 0, True, 0, 5), Contributor(0, 1, 0, True, 0, 5)],
+    )
     with pytest.raises(ConfigError, match="split"):
         op.process(merged)
     with pytest.raises(ConfigError, match="split"):
@@ -96,14 +105,14 @@ def test_traits():
 
 def test_pipeline_children_reassemble_the_documents():
     base = run(Pipeline(token_source(), canonical_replicas=1, seed=4).fetch(), 30)
-    pieces = run(Pipeline(token_source(), canonical_replicas=1, seed=4).fetch()
-                 .split(max_len=16), 200)
+    pieces = run(
+        Pipeline(token_source(), canonical_replicas=1, seed=4).fetch().split(max_len=16), 200
+    )
     assert all(0 < len(p["input_ids"]) <= 16 for p in pieces)
     docs, i = [], 0
     while len(docs) < 30 and i < len(pieces):
         doc_id, parts = pieces[i]["id"], []
-        while i < len(pieces) and pieces[i]["id"] == doc_id and \
-                (not parts or len(parts[-1]) == 16):
+        while i < len(pieces) and pieces[i]["id"] == doc_id and (not parts or len(parts[-1]) == 16):
             parts.append(pieces[i]["input_ids"])
             i += 1
         docs.append((doc_id, np.concatenate(parts)))
@@ -113,7 +122,12 @@ def test_pipeline_children_reassemble_the_documents():
 
 
 def test_pipeline_split_after_pack_is_rejected():
-    pipe = (Pipeline(token_source(), seed=1, prefetch=0, flush_every_k_chunks=2).fetch()
-            .split(max_len=32).pack(seq_len=32, bins=2).then(SplitOp(8, name="split2")))
+    pipe = (
+        Pipeline(token_source(), seed=1, prefetch=0, flush_every_k_chunks=2)
+        .fetch()
+        .split(max_len=32)
+        .pack(seq_len=32, bins=2)
+        .then(SplitOp(8, name="split2"))
+    )
     with pytest.raises((ConfigError, PipelineError), match="split"):
         run(pipe, 50)

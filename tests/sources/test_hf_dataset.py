@@ -25,8 +25,9 @@ class CountingDataset:
 
 
 def _hf(n: int, prefix: str) -> datasets.Dataset:
-    return datasets.Dataset.from_dict({"text": [f"{prefix}{i} " * (1 + i % 7) for i in range(n)],
-                                       "idx": list(range(n))})
+    return datasets.Dataset.from_dict(
+        {"text": [f"{prefix}{i} " * (1 + i % 7) for i in range(n)], "idx": list(range(n))}
+    )
 
 
 _tokenize = byte_tokenize
@@ -34,8 +35,15 @@ _tokenize = byte_tokenize
 
 def _build(a, b) -> Pipeline:
     src = StaticMixtureWorkSource({"a": a, "b": b}, {"a": 0.6, "b": 0.4}, chunk_size=8, seed=3)
-    return (Pipeline(src, canonical_replicas=2, seed=3).fetch().map(_tokenize)
-            .split(16).pack(16, bins=3).shuffle(8).batch(2))
+    return (
+        Pipeline(src, canonical_replicas=2, seed=3)
+        .fetch()
+        .map(_tokenize)
+        .split(16)
+        .pack(16, bins=3)
+        .shuffle(8)
+        .batch(2)
+    )
 
 
 def test_hf_rows_are_fetched_with_one_batched_read_per_dataset_per_chunk():

@@ -23,8 +23,13 @@ LANE = 0
 
 
 def chunk(cid: int, size: int = 4, lane: int = LANE) -> WorkChunk:
-    return WorkChunk(lane=lane, chunk_id=cid, components=(0,) * size,
-                     rows=tuple(range(cid * size, cid * size + size)), seed=1000 + cid)
+    return WorkChunk(
+        lane=lane,
+        chunk_id=cid,
+        components=(0,) * size,
+        rows=tuple(range(cid * size, cid * size + size)),
+        seed=1000 + cid,
+    )
 
 
 def contrib(cid: int, off: int, child: int = 0, last: bool = True, n: int = 5) -> Contributor:
@@ -35,11 +40,25 @@ def cursor(cid: int, off: int, child: int = 0, lane: int = LANE) -> SampleCursor
     return SampleCursor(lane, cid, off, child)
 
 
-def tracker(epoch_based: bool, floor: int = 0, boundaries=(), cursor=None, delivered: int = 0,
-            n_components: int = 1) -> LaneTracker:
-    return LaneTracker(epoch_based, LaneState(LANE, floor=floor, boundaries=list(boundaries),
-                                              cursor=cursor, delivered=delivered,
-                                              tokens=[0] * n_components))
+def tracker(
+    epoch_based: bool,
+    floor: int = 0,
+    boundaries=(),
+    cursor=None,
+    delivered: int = 0,
+    n_components: int = 1,
+) -> LaneTracker:
+    return LaneTracker(
+        epoch_based,
+        LaneState(
+            LANE,
+            floor=floor,
+            boundaries=list(boundaries),
+            cursor=cursor,
+            delivered=delivered,
+            tokens=[0] * n_components,
+        ),
+    )
 
 
 def deliver(tr: LaneTracker, cid: int, off: int, child: int = 0, last: bool = True) -> Delivery:
@@ -60,8 +79,9 @@ class Lane:
     def __init__(self, epoch_based: bool, k: int, size: int = 4):
         self.k = k
         self.size = size
-        self.tracker = tracker(epoch_based, floor=0, boundaries=[], cursor=None,
-                                   delivered=0, n_components=1)
+        self.tracker = tracker(
+            epoch_based, floor=0, boundaries=[], cursor=None, delivered=0, n_components=1
+        )
         self.ledger = LaneLedger(LaneState(LANE, source={"pos": 0}))
         self.next_id = 0
 
@@ -86,6 +106,7 @@ class Lane:
 
 
 # -- (a) the step 100 / 200 / 300 timeline ---------------------------------------------
+
 
 def _timeline(lane: Lane) -> None:
     lane.fetch(6)  # chunks 0..5 pulled from the source
@@ -137,16 +158,16 @@ def test_timeline_chunk_stays_while_partially_delivered():
 
 # -- (b) chunks 5 / 6 / 7, 4 offsets each ---------------------------------------------
 
+
 def _chunks_5_6_7(boundaries: list[int]) -> LaneTracker:
-    tr = tracker(True, floor=5, boundaries=boundaries, cursor=None, delivered=0,
-                     n_components=1)
+    tr = tracker(True, floor=5, boundaries=boundaries, cursor=None, delivered=0, n_components=1)
     for cid in (5, 6, 7):
         tr.register(chunk(cid))
-    for off in (0, 1, 3):     # chunk 5: [x] [x] [ ] [x]
+    for off in (0, 1, 3):  # chunk 5: [x] [x] [ ] [x]
         deliver(tr, 5, off)
-    for off in range(4):      # chunk 6: [x] [x] [x] [x]
+    for off in range(4):  # chunk 6: [x] [x] [x] [x]
         deliver(tr, 6, off)
-    return tr                 # chunk 7: [ ] [ ] [ ] [ ]
+    return tr  # chunk 7: [ ] [ ] [ ] [ ]
 
 
 def test_chunks_5_6_7_same_epoch_nothing_evicted():
@@ -163,9 +184,9 @@ def test_chunk_6_complete_is_not_evicted_while_5_below_it_is_incomplete():
     tr = _chunks_5_6_7(boundaries=[6, 7, 8])
     assert tr.floor == 5
     assert sorted(tr.progress) == [5, 6, 7]
-    deliver(tr, 5, 2)   # chunk 5 completes; cursor now in chunk 5 (pinned)
+    deliver(tr, 5, 2)  # chunk 5 completes; cursor now in chunk 5 (pinned)
     assert tr.floor == 5
-    deliver(tr, 7, 0)   # cursor moves to chunk 7: epochs [5,6) and [6,7) evict
+    deliver(tr, 7, 0)  # cursor moves to chunk 7: epochs [5,6) and [6,7) evict
     assert tr.floor == 7
     assert sorted(tr.progress) == [7]
 
@@ -180,6 +201,7 @@ def test_chunks_5_6_completing_in_shared_epoch_evict_together():
 
 # -- (c) epochs 0 / 1 / 2 ---------------------------------------------------------------
 
+
 def test_epochs_evict_atomically_and_contiguously():
     lane = Lane(epoch_based=True, k=2)
     lane.fetch(6)  # epochs [0,1], [2,3], [4,5]
@@ -193,7 +215,7 @@ def test_epochs_evict_atomically_and_contiguously():
     lane.deliver(1, 3)
     lane.deliver(2, 0)  # epoch 0 complete, cursor in epoch 1
     assert lane.tracker.floor == 2
-    assert lane.inflight() == [2, 3, 4, 5]   # epoch 0 evicted alone
+    assert lane.inflight() == [2, 3, 4, 5]  # epoch 0 evicted alone
     assert sorted(lane.tracker.progress) == [2, 3, 4, 5]
     # Epoch 2 completing does not jump over the incomplete epoch 1.
     for off in range(4):
@@ -210,15 +232,16 @@ def test_epoch_with_one_incomplete_chunk_is_kept_whole():
     lane = Lane(epoch_based=True, k=2)
     lane.fetch(4)
     for off in range(4):
-        lane.deliver(1, off)      # chunk 1 complete first (reordered output)
+        lane.deliver(1, off)  # chunk 1 complete first (reordered output)
     for off in range(3):
-        lane.deliver(0, off)      # chunk 0 misses offset 3
+        lane.deliver(0, off)  # chunk 0 misses offset 3
     lane.deliver(2, 0)
     assert lane.tracker.floor == 0
     assert lane.inflight() == [0, 1, 2, 3]
 
 
 # -- (d) nothing before the lane's first own boundary -----------------------------------
+
 
 def test_no_eviction_before_first_own_boundary_even_if_everything_closed():
     tr = tracker(True, 0, [], None, 0, 1)
@@ -246,6 +269,7 @@ def test_no_eviction_before_first_own_boundary_even_if_everything_closed():
 
 
 # -- (e) cursor pinning -----------------------------------------------------------------
+
 
 def test_cursor_pins_an_otherwise_complete_epoch_until_a_post_sentinel_delivery():
     lane = Lane(epoch_based=True, k=2)
@@ -280,6 +304,7 @@ def test_cursor_chunk_is_always_inflight():
 
 # -- (f) the trailing boundary ----------------------------------------------------------
 
+
 def test_trailing_boundary_is_in_the_ledger_snapshot():
     ledger = LaneLedger(LaneState(LANE, source={"pos": 0}))
     for cid in range(4):
@@ -295,10 +320,16 @@ def test_trailing_boundary_is_in_the_ledger_snapshot():
 
 def _trailing_state():
     """A real checkpoint in which some lane's last boundary equals its next chunk id."""
-    pipe = (Pipeline(source(chunk_size=4), canonical_replicas=2, flush_every_k_chunks=2,
-                     seed=5, prefetch=0)
-            .fetch().map(_tok, name="tokenize").split(max_len=64).pack(seq_len=64, bins=2)
-            .batch(batch_size=2))
+    pipe = (
+        Pipeline(
+            source(chunk_size=4), canonical_replicas=2, flush_every_k_chunks=2, seed=5, prefetch=0
+        )
+        .fetch()
+        .map(_tok, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=2)
+        .batch(batch_size=2)
+    )
     it = iter(pipe)
     for n in range(1, 400):
         next(it)
@@ -314,10 +345,16 @@ _tok = byte_tokenize
 
 
 def _build_trailing():
-    return (Pipeline(source(chunk_size=4), canonical_replicas=2, flush_every_k_chunks=2,
-                     seed=5, prefetch=0)
-            .fetch().map(_tok, name="tokenize").split(max_len=64).pack(seq_len=64, bins=2)
-            .batch(batch_size=2))
+    return (
+        Pipeline(
+            source(chunk_size=4), canonical_replicas=2, flush_every_k_chunks=2, seed=5, prefetch=0
+        )
+        .fetch()
+        .map(_tok, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=2)
+        .batch(batch_size=2)
+    )
 
 
 def test_trailing_boundary_is_reinjected_on_restore():
@@ -358,6 +395,7 @@ def test_trailing_boundary_is_reinjected_on_restore():
 
 # -- (g) monotone watermark -------------------------------------------------------------
 
+
 def test_monotone_watermark_evicts_everything_below_the_delivered_chunk():
     lane = Lane(epoch_based=False, k=0)
     lane.fetch(10)
@@ -379,6 +417,7 @@ def test_monotone_ignores_boundaries_and_completion():
 
 
 # -- (h) tombstones close offsets -------------------------------------------------------
+
 
 def test_tombstones_close_offsets_and_allow_eviction():
     tr = tracker(True, 0, [1], None, 0, 1)
@@ -411,8 +450,9 @@ def test_tombstone_of_the_last_child_standing_closes_a_split_offset():
 def test_delivery_state_fields():
     tr = tracker(True, 0, [], None, 7, 2)
     tr.register(chunk(0))
-    d = tr.deliver([Contributor(0, 0, 0, True, 1, 10), Contributor(0, 1, 0, True, 0, 3)],
-                   cursor(0, 0))
+    d = tr.deliver(
+        [Contributor(0, 0, 0, True, 1, 10), Contributor(0, 1, 0, True, 0, 3)], cursor(0, 0)
+    )
     assert d == Delivery(0, cursor(0, 0), 8, False, (3, 10))
     end = tr.finish(next_chunk_id=5)
     assert end.exhausted and end.floor == 5 and end.delivered == 8
@@ -421,10 +461,14 @@ def test_delivery_state_fields():
 
 def test_tombstones_from_a_filter_keep_a_real_pipeline_bounded():
     """A filter that drops most records still lets chunks evict (via its tombstones)."""
-    pipe = (Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=3,
-                     prefetch=0)
-            .fetch().map(_tok, name="tokenize").filter(_short, name="short_only")
-            .split(max_len=64).shuffle(buffer_size=4))
+    pipe = (
+        Pipeline(source(), canonical_replicas=2, flush_every_k_chunks=2, seed=3, prefetch=0)
+        .fetch()
+        .map(_tok, name="tokenize")
+        .filter(_short, name="short_only")
+        .split(max_len=64)
+        .shuffle(buffer_size=4)
+    )
     it = iter(pipe)
     run = it.run
     worst = 0

@@ -16,9 +16,16 @@ from zephon_core.tracking.ledger import LaneLedger
 
 
 def ledger(lane, chunks, boundaries, source, next_chunk) -> LaneLedger:
-    return LaneLedger(LaneState(lane, chunks=list(chunks), boundaries=list(boundaries),
-                                source=source, next_chunk=next_chunk,
-                                floor=chunks[0].chunk_id if chunks else next_chunk))
+    return LaneLedger(
+        LaneState(
+            lane,
+            chunks=list(chunks),
+            boundaries=list(boundaries),
+            source=source,
+            next_chunk=next_chunk,
+            floor=chunks[0].chunk_id if chunks else next_chunk,
+        )
+    )
 
 
 def snap(led: LaneLedger, floor: int) -> tuple:
@@ -141,8 +148,11 @@ def test_snapshots_under_concurrent_register_and_trim_are_consistent():
         finished = done.is_set()
         chunks, bounds, state, next_id = snap(led, floor)
         ids = [c.chunk_id for c in chunks]
-        if ids != list(range(floor, max(floor, next_id))) or state["next"] != next_id \
-                or any(b <= floor or b > next_id or b % 4 for b in bounds):
+        if (
+            ids != list(range(floor, max(floor, next_id)))
+            or state["next"] != next_id
+            or any(b <= floor or b > next_id or b % 4 for b in bounds)
+        ):
             bad.append((floor, ids[:3], next_id, state, bounds))
         floor = max(floor, next_id - 2)
         led.trim(floor)

@@ -39,19 +39,20 @@ def decode(data: bytes, max_size: int = MAX_DECOMPRESSED) -> dict[str, Any]:
     data = bytes(data)
     if not data.startswith(MAGIC):
         raise CorruptCheckpoint("not a Zephon checkpoint file (bad magic header)")
-    frame = data[len(MAGIC):]
+    frame = data[len(MAGIC) :]
     try:
         declared = zstandard.get_frame_parameters(frame).content_size
         if declared > max_size:  # 0 means "unknown"; then max_output_size bounds it
-            raise CorruptCheckpoint(f"checkpoint declares {declared} decompressed bytes, more "
-                                    f"than the {max_size}-byte limit")
+            raise CorruptCheckpoint(
+                f"checkpoint declares {declared} decompressed bytes, more "
+                f"than the {max_size}-byte limit"
+            )
         raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max_size)
     except zstandard.ZstdError as e:
         raise CorruptCheckpoint(f"checkpoint is truncated or corrupted (zstd: {e})") from e
     try:
         state = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError) as e:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise CorruptCheckpoint(f"checkpoint payload is corrupted (msgpack: {e})") from e
     if not isinstance(state, dict):
         raise CorruptCheckpoint("checkpoint payload is not a mapping")
@@ -78,8 +79,9 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f"{_temp_prefix(path)}{_HOST}-{os.getpid()}-",
-                               suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(
+        dir=d, prefix=f"{_temp_prefix(path)}{_HOST}-{os.getpid()}-", suffix=".tmp"
+    )
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -119,7 +121,7 @@ def remove_stale_temps(path: str | os.PathLike) -> list[str]:
     d = os.path.dirname(os.path.abspath(path))
     removed = []
     for tmp in glob.glob(os.path.join(glob.escape(d), glob.escape(_temp_prefix(path)) + "*.tmp")):
-        rest = os.path.basename(tmp)[len(_temp_prefix(path)):]
+        rest = os.path.basename(tmp)[len(_temp_prefix(path)) :]
         host, _, tail = rest.partition("-")
         pid = tail.partition("-")[0]
         if host != _HOST or not pid.isdigit() or _alive(int(pid)):

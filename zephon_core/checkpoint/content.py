@@ -37,15 +37,14 @@ import numpy as np
 
 from ..rng import derive_seed
 
-FULL_ROWS = 256          # datasets up to this many rows are digested whole
-SAMPLED_ROWS = 32        # otherwise: first, last and this many seed-picked rows
+FULL_ROWS = 64  # datasets up to this many rows are digested whole
+SAMPLED_ROWS = 32  # otherwise: first, last and this many seed-picked rows
 _MAX_DEPTH = 6
-_MAX_ITEMS = 4096        # longer containers: length, head and tail
+_MAX_ITEMS = 4096  # longer containers: length, head and tail
 _MAX_ARRAY_BYTES = 1 << 24  # larger arrays: shape, dtype and a strided sample
-_MAX_UPDATES = 200_000   # pieces fed per digest before the walk is cut
+_MAX_UPDATES = 200_000  # pieces fed per digest before the walk is cut
 
-__all__ = ["component_fingerprint", "content_fingerprints", "function_fingerprint",
-           "digest_value"]
+__all__ = ["component_fingerprint", "content_fingerprints", "function_fingerprint", "digest_value"]
 
 
 def content_fingerprints(source: Any, ops: Sequence[Any]) -> dict[str, dict[str, str]]:
@@ -56,8 +55,7 @@ def content_fingerprints(source: Any, ops: Sequence[Any]) -> dict[str, dict[str,
         fp = op.content_fingerprint()
         if fp is not None:
             out_ops[op.name] = fp
-    return {"components": dict(components()) if components is not None else {},
-            "ops": out_ops}
+    return {"components": dict(components()) if components is not None else {}, "ops": out_ops}
 
 
 def component_fingerprint(dataset: Any, read: Any, length: int, key: int) -> str:
@@ -195,7 +193,7 @@ def _feed(h: Any, obj: Any, depth: int, seen: set[int]) -> None:  # noqa: C901 -
         items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else list(obj)
         _tag(h, f"{type(obj).__name__}:{len(items)}")
         if len(items) > _MAX_ITEMS:
-            items = items[:_MAX_ITEMS // 2] + items[-_MAX_ITEMS // 2:]
+            items = items[: _MAX_ITEMS // 2] + items[-_MAX_ITEMS // 2 :]
         for v in items:
             _feed(h, v, depth + 1, seen)
         return
@@ -257,9 +255,12 @@ def _feed_function(h: Any, fn: types.FunctionType, depth: int, seen: set[int]) -
         if name in g:
             value = g[name]
             _tag(h, "global:" + name)
-            if _is_constant(value) or isinstance(value, (types.FunctionType, np.ndarray)) \
-                    or callable(getattr(value, "zephon_fingerprint", None)) \
-                    or _tokenizer_json(value, type(value).__module__ or "") is not None:
+            if (
+                _is_constant(value)
+                or isinstance(value, (types.FunctionType, np.ndarray))
+                or callable(getattr(value, "zephon_fingerprint", None))
+                or _tokenizer_json(value, type(value).__module__ or "") is not None
+            ):
                 _feed(h, value, depth + 1, seen)
             else:
                 _tag(h, "type:" + _qualname(value))
@@ -324,7 +325,12 @@ def _tokenizer_json(obj: Any, mod: str) -> str | None:
 
 
 def _qualname(obj: Any) -> str:
-    target = obj if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)) \
-        or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    target = (
+        obj
+        if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType))
+        or callable(obj)
+        and hasattr(obj, "__qualname__")
+        else type(obj)
+    )
     mod = getattr(target, "__module__", None) or getattr(target, "__name__", "")
     return f"{mod}.{getattr(target, '__qualname__', getattr(target, '__name__', '?'))}"

@@ -27,8 +27,10 @@ def config_diff(saved: Any, current: Any, path: str = "") -> list[str]:
         return out
     if isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
         if len(saved) != len(current):
-            return [f"{path}: {len(saved)} entries in checkpoint, {len(current)} now "
-                    f"({saved!r} vs {current!r})"]
+            return [
+                f"{path}: {len(saved)} entries in checkpoint, {len(current)} now "
+                f"({saved!r} vs {current!r})"
+            ]
         out = []
         for i, (a, b) in enumerate(zip(saved, current)):
             out.extend(config_diff(a, b, f"{path}[{i}]"))

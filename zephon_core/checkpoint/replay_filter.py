@@ -60,7 +60,8 @@ class ReplayFilter(Operator):
                     "since the checkpoint in a way the content fingerprints did not see (an "
                     "edited row outside the sampled ones?), or an operator is not "
                     "deterministic. Restore the data and code of the checkpointed run, or "
-                    "pass load_state_dict(state, allow_changes=...) to accept the change")
+                    "pass load_state_dict(state, allow_changes=...) to accept the change"
+                )
         elif self.monotone and record.cursor.chunk_id > target.chunk_id:
             self._diverged(target, f"a record of later chunk {record.cursor.chunk_id}")
         return [record.to_tombstone()]
@@ -86,7 +87,8 @@ class ReplayFilter(Operator):
             f"replay on lane {self.ctx.lane} reached {where} without reproducing the saved "
             f"cursor {tuple(target)}; an operator is not deterministic or keeps state "
             "outside its per-lane instance (randomness must be keyed by seed, lane and "
-            "replayed cursors), or the data or pipeline changed since the checkpoint")
+            "replayed cursors), or the data or pipeline changed since the checkpoint"
+        )
 
     def describe(self) -> dict:
         return {"op": "replay_filter", "name": self.name}

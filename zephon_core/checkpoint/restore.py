@@ -48,7 +48,8 @@ def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineS
         raise IncompatibleCheckpoint(
             "the checkpoint was written by a differently configured pipeline: "
             + ("; ".join(diff[:10]) if diff else "fingerprints differ")
-            + ". Rebuild the pipeline exactly as it was when the checkpoint was taken.")
+            + ". Rebuild the pipeline exactly as it was when the checkpoint was taken."
+        )
     _check_content(parsed, plan, allowed)
     if parsed.position < 0:
         raise CorruptCheckpoint(f"position {parsed.position} is negative")
@@ -56,8 +57,10 @@ def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineS
     for ls in parsed.lanes.values():
         _check_lane(ls, plan)
     if allowed:  # values may differ by the user's choice: do not compare them during replay
-        parsed = dataclasses.replace(parsed, lanes={
-            lane: dataclasses.replace(ls, digest=None) for lane, ls in parsed.lanes.items()})
+        parsed = dataclasses.replace(
+            parsed,
+            lanes={lane: dataclasses.replace(ls, digest=None) for lane, ls in parsed.lanes.items()},
+        )
     return parsed
 
 
@@ -67,8 +70,10 @@ def _allowed(allow_changes: Iterable[str]) -> frozenset[str]:
     allowed = frozenset(allow_changes)
     unknown = sorted(allowed - ALLOWED_CHANGES)
     if unknown:
-        raise ConfigError(f"allow_changes={sorted(allowed)}: unknown {unknown}; use any of "
-                          f"{sorted(ALLOWED_CHANGES)}")
+        raise ConfigError(
+            f"allow_changes={sorted(allowed)}: unknown {unknown}; use any of "
+            f"{sorted(ALLOWED_CHANGES)}"
+        )
     return allowed
 
 
@@ -77,18 +82,23 @@ def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> 
     if state.content is None:  # a version-1 state: nothing to compare
         return
     found: dict[str, list[str]] = {"data": [], "functions": []}
-    for part, kind, what in (("components", "data", "dataset"),
-                             ("ops", "functions", "function of operator")):
+    for part, kind, what in (
+        ("components", "data", "dataset"),
+        ("ops", "functions", "function of operator"),
+    ):
         saved, now = state.content.get(part, {}), plan.content.get(part, {})
         for name in sorted(set(saved) & set(now)):
             if saved[name] != now[name]:
-                found[kind].append(f"{what} {name!r} ({saved[name]} in checkpoint, "
-                                   f"{now[name]} now)")
+                found[kind].append(
+                    f"{what} {name!r} ({saved[name]} in checkpoint, {now[name]} now)"
+                )
     refused = [(kind, items) for kind, items in found.items() if items and kind not in allowed]
     if refused:
-        fixes = {"data": "restore the data as it was", "functions":
-                 "restore the function (or pin an unchanged one with map(..., version=...); "
-                 "byte code also changes with the Python version)"}
+        fixes = {
+            "data": "restore the data as it was",
+            "functions": "restore the function (or pin an unchanged one with "
+            "map(..., version=...); byte code also changes with the Python version)",
+        }
         raise IncompatibleCheckpoint(
             "the checkpoint was taken over other content: "
             + "; ".join(f"{k}: " + ", ".join(items) for k, items in refused)
@@ -96,7 +106,8 @@ def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> 
             + " / ".join(fixes[k] for k, _ in refused)
             + f", or accept the change with load_state_dict(state, allow_changes="
             f"{sorted({k for k, _ in refused} | allowed)!r}) (positions continue, "
-              "values come from the new content)")
+            "values come from the new content)"
+        )
 
 
 def _check_lane(ls: LaneState, plan: Any) -> None:
@@ -123,12 +134,14 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
     except ZephonError as e:
         raise CorruptCheckpoint(f"{where}: the source state does not fit this source: {e}") from e
     except Exception as e:  # noqa: BLE001 - a custom source's own validation
-        raise CorruptCheckpoint(f"{where}: the source rejected its saved state "
-                                f"({type(e).__name__}: {e})") from e
+        raise CorruptCheckpoint(
+            f"{where}: the source rejected its saved state ({type(e).__name__}: {e})"
+        ) from e
     next_id = getattr(src, "next_chunk_id", None)
     if next_id is not None and next_id != ls.next_chunk:
-        raise CorruptCheckpoint(f"{where}: next_chunk={ls.next_chunk} but the source state "
-                                f"continues at chunk {next_id}")
+        raise CorruptCheckpoint(
+            f"{where}: next_chunk={ls.next_chunk} but the source state continues at chunk {next_id}"
+        )
 
 
 def _check_boundaries(ls: LaneState, k: int, where: str) -> None:
@@ -137,30 +150,35 @@ def _check_boundaries(ls: LaneState, k: int, where: str) -> None:
         if not prev < b <= ls.next_chunk:
             raise CorruptCheckpoint(
                 f"{where}: boundary {b} is not increasing inside ({ls.floor}, {ls.next_chunk}] "
-                f"(boundaries {ls.boundaries[:10]})")
+                f"(boundaries {ls.boundaries[:10]})"
+            )
         if k == 0 or b % k:
-            raise CorruptCheckpoint(f"{where}: boundary {b} does not fall every "
-                                    f"flush_every_k_chunks={k} chunks")
+            raise CorruptCheckpoint(
+                f"{where}: boundary {b} does not fall every flush_every_k_chunks={k} chunks"
+            )
         prev = b
 
 
 def _check_cursor(ls: LaneState, where: str) -> None:
     cur = ls.cursor
     if (cur is None) != (ls.delivered == 0):
-        raise CorruptCheckpoint(f"{where}: replay cursor {cur} does not fit "
-                                f"delivered={ls.delivered}")
+        raise CorruptCheckpoint(
+            f"{where}: replay cursor {cur} does not fit delivered={ls.delivered}"
+        )
     if cur is None:
         return
     if cur.lane != ls.lane or min(cur) < 0:
-        raise CorruptCheckpoint(f"{where}: replay cursor {tuple(cur)} is not a cursor of "
-                                "this lane")
+        raise CorruptCheckpoint(f"{where}: replay cursor {tuple(cur)} is not a cursor of this lane")
     if ls.exhausted:
         return  # the lane ended: nothing is replayed
     if not ls.floor <= cur.chunk_id < ls.next_chunk:
         raise CorruptCheckpoint(
             f"{where}: replay cursor {tuple(cur)} points outside the inflight chunks "
-            f"[{ls.floor}, {ls.next_chunk}): replay could never find it")
+            f"[{ls.floor}, {ls.next_chunk}): replay could never find it"
+        )
     chunk = ls.chunks[cur.chunk_id - ls.floor]
     if cur.offset >= len(chunk):
-        raise CorruptCheckpoint(f"{where}: replay cursor {tuple(cur)} points past the "
-                                f"{len(chunk)} samples of chunk {cur.chunk_id}")
+        raise CorruptCheckpoint(
+            f"{where}: replay cursor {tuple(cur)} points past the "
+            f"{len(chunk)} samples of chunk {cur.chunk_id}"
+        )

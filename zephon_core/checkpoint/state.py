@@ -29,7 +29,6 @@ since the last delta, for a consumer in another process). ``LaneState.advance`` 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -44,13 +43,33 @@ from .value_digest import Deferred, resolve
 FORMAT = "zephon.pipeline_state"
 VERSION = 2
 
-_LANE_KEYS_V1 = {"lane", "floor", "next_chunk", "chunks", "boundaries", "source", "cursor",
-                 "delivered", "exhausted", "tokens"}
+_LANE_KEYS_V1 = {
+    "lane",
+    "floor",
+    "next_chunk",
+    "chunks",
+    "boundaries",
+    "source",
+    "cursor",
+    "delivered",
+    "exhausted",
+    "tokens",
+}
 _LANE_KEYS = _LANE_KEYS_V1 | {"digest"}
 _TOP_KEYS_V1 = {"format", "version", "fingerprint", "config", "position", "lanes"}
 _TOP_KEYS = _TOP_KEYS_V1 | {"content"}
 
 log = logging.getLogger(__name__)
+
+
+def plain_copy(x: Any) -> Any:
+    """A copy of a plain state value (dicts, lists, tuples, scalars) sharing no container:
+    what a state handed out or taken in is made of. Much cheaper than ``copy.deepcopy``."""
+    if isinstance(x, dict):
+        return {k: plain_copy(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain_copy(v) for v in x]
+    return x
 
 
 def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
@@ -61,11 +80,11 @@ def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
 class Delivery(NamedTuple):
     """What one delivered output changed in its lane's state."""
 
-    floor: int                      # lowest chunk id still inflight
-    cursor: SampleCursor | None     # replay cursor: identity of the last delivered record
-    delivered: int                  # outputs delivered on this lane
-    exhausted: bool                 # the lane's stream ended
-    tokens: tuple[int, ...]         # cumulative delivered tokens per component
+    floor: int  # lowest chunk id still inflight
+    cursor: SampleCursor | None  # replay cursor: identity of the last delivered record
+    delivered: int  # outputs delivered on this lane
+    exhausted: bool  # the lane's stream ended
+    tokens: tuple[int, ...]  # cumulative delivered tokens per component
     digest: int | Deferred | None = None  # values of the record behind the last output
 
 
@@ -99,13 +118,18 @@ class LaneState:
 
     def copy(self) -> LaneState:
         """A copy whose lists can change independently (the source state never changes)."""
-        return dataclasses.replace(self, chunks=list(self.chunks),
-                                   boundaries=list(self.boundaries), tokens=list(self.tokens))
+        return dataclasses.replace(
+            self,
+            chunks=list(self.chunks),
+            boundaries=list(self.boundaries),
+            tokens=list(self.tokens),
+        )
 
     def progress(self) -> Delivery:
         """The delivered part of this state, as the event that would produce it."""
-        return Delivery(self.floor, self.cursor, self.delivered, self.exhausted,
-                        tuple(self.tokens), self.digest)
+        return Delivery(
+            self.floor, self.cursor, self.delivered, self.exhausted, tuple(self.tokens), self.digest
+        )
 
     def advance(self, d: Delivery) -> None:
         """Adopt one delivered output's progress; chunks below its floor leave."""
@@ -131,8 +155,10 @@ class LaneState:
             if c.chunk_id < expected:
                 continue  # held already, or below the floor
             if c.chunk_id != expected:
-                raise ContractViolation(f"lane {self.lane}: delta chunk {c.chunk_id} does not "
-                                        f"follow chunk {expected - 1} (floor {d.floor})")
+                raise ContractViolation(
+                    f"lane {self.lane}: delta chunk {c.chunk_id} does not "
+                    f"follow chunk {expected - 1} (floor {d.floor})"
+                )
             self.chunks.append(c)
             expected += 1
         self.boundaries = list(delta.boundaries)
@@ -140,12 +166,19 @@ class LaneState:
         self.next_chunk = delta.next_chunk
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lane": self.lane, "floor": self.floor, "next_chunk": self.next_chunk,
-                "chunks": [c.to_state() for c in self.chunks],
-                "boundaries": list(self.boundaries), "source": copy.deepcopy(self.source),
-                "cursor": list(self.cursor) if self.cursor is not None else None,
-                "digest": self.digest, "delivered": self.delivered,
-                "exhausted": self.exhausted, "tokens": list(self.tokens)}
+        return {
+            "lane": self.lane,
+            "floor": self.floor,
+            "next_chunk": self.next_chunk,
+            "chunks": [c.to_state() for c in self.chunks],
+            "boundaries": list(self.boundaries),
+            "source": plain_copy(self.source),
+            "cursor": list(self.cursor) if self.cursor is not None else None,
+            "digest": self.digest,
+            "delivered": self.delivered,
+            "exhausted": self.exhausted,
+            "tokens": list(self.tokens),
+        }
 
     @classmethod
     def from_dict(cls, d: Any, version: int = VERSION) -> LaneState:
@@ -159,25 +192,35 @@ class LaneState:
         floor, next_chunk = _int(d["floor"], "floor"), _int(d["next_chunk"], "next_chunk")
         raw_chunks = _list(d["chunks"], "chunks")
         if len(raw_chunks) != next_chunk - floor:  # before building anything that large
-            raise CorruptCheckpoint(f"lane {lane}: {len(raw_chunks)} inflight chunks, but they "
-                                    f"must be the consecutive range [{floor}, {next_chunk}) "
-                                    "(floor, next_chunk)")
+            raise CorruptCheckpoint(
+                f"lane {lane}: {len(raw_chunks)} inflight chunks, but they "
+                f"must be the consecutive range [{floor}, {next_chunk}) "
+                "(floor, next_chunk)"
+            )
         chunks = [WorkChunk.from_state(lane, c) for c in raw_chunks]
         digest = d.get("digest")
         if digest is not None:
             digest = _int(digest, "digest")
-        st = cls(lane=lane, floor=floor, next_chunk=next_chunk, chunks=chunks,
-                 boundaries=[_int(b, "boundary") for b in _list(d["boundaries"], "boundaries")],
-                 source=copy.deepcopy(d["source"]), cursor=cursor,
-                 delivered=_int(d["delivered"], "delivered"),
-                 exhausted=_bool(d["exhausted"], "exhausted"),
-                 tokens=[_int(t, "tokens") for t in _list(d["tokens"], "tokens")],
-                 digest=digest)
+        st = cls(
+            lane=lane,
+            floor=floor,
+            next_chunk=next_chunk,
+            chunks=chunks,
+            boundaries=[_int(b, "boundary") for b in _list(d["boundaries"], "boundaries")],
+            source=plain_copy(d["source"]),
+            cursor=cursor,
+            delivered=_int(d["delivered"], "delivered"),
+            exhausted=_bool(d["exhausted"], "exhausted"),
+            tokens=[_int(t, "tokens") for t in _list(d["tokens"], "tokens")],
+            digest=digest,
+        )
         for i, c in enumerate(chunks):
             if c.chunk_id != floor + i:
-                raise CorruptCheckpoint(f"lane {lane}: inflight chunk ids "
-                                        f"{[c.chunk_id for c in chunks][:20]} are not the "
-                                        f"consecutive range [{floor}, {next_chunk})")
+                raise CorruptCheckpoint(
+                    f"lane {lane}: inflight chunk ids "
+                    f"{[c.chunk_id for c in chunks][:20]} are not the "
+                    f"consecutive range [{floor}, {next_chunk})"
+                )
         if not isinstance(st.source, dict):
             raise CorruptCheckpoint(f"lane {lane}: source state is not a dict")
         return st
@@ -193,23 +236,31 @@ class PipelineState:
     content: dict[str, dict[str, str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
-                "config": copy.deepcopy(self.config),
-                "content": copy.deepcopy(self.content) if self.content is not None
-                else {"components": {}, "ops": {}},
-                "position": self.position,
-                "lanes": [self.lanes[k].to_dict() for k in sorted(self.lanes)]}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "fingerprint": self.fingerprint,
+            "config": plain_copy(self.config),
+            "content": plain_copy(self.content)
+            if self.content is not None
+            else {"components": {}, "ops": {}},
+            "position": self.position,
+            "lanes": [self.lanes[k].to_dict() for k in sorted(self.lanes)],
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> PipelineState:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise CorruptCheckpoint("not a Zephon pipeline state (missing 'format': "
-                                    f"{FORMAT!r}); pass what Pipeline.checkpoint() returned")
+            raise CorruptCheckpoint(
+                "not a Zephon pipeline state (missing 'format': "
+                f"{FORMAT!r}); pass what Pipeline.checkpoint() returned"
+            )
         version = d.get("version")
         if version not in (1, VERSION) or isinstance(version, bool):
             raise IncompatibleCheckpoint(
                 f"checkpoint schema version {version!r}, this Zephon reads versions 1 to "
-                f"{VERSION}; resume with the Zephon release that wrote it")
+                f"{VERSION}; resume with the Zephon release that wrote it"
+            )
         _check_keys(d, _TOP_KEYS if version >= 2 else _TOP_KEYS_V1, "pipeline state")
         lanes = {}
         for ld in _list(d["lanes"], "lanes"):
@@ -223,21 +274,30 @@ class PipelineState:
         if content is not None:
             content = _content(content)
         else:
-            log.warning("restoring a version-1 Zephon state: it has no content fingerprints, "
-                        "so changed data or functions cannot be detected")
-        return cls(d["fingerprint"], copy.deepcopy(d["config"]), _int(d["position"], "position"),
-                   lanes, content)
+            log.warning(
+                "restoring a version-1 Zephon state: it has no content fingerprints, "
+                "so changed data or functions cannot be detected"
+            )
+        return cls(
+            d["fingerprint"],
+            plain_copy(d["config"]),
+            _int(d["position"], "position"),
+            lanes,
+            content,
+        )
 
 
 def _content(c: Any) -> dict[str, dict[str, str]]:
     if not isinstance(c, dict) or set(c) - {"components", "ops"}:
-        raise CorruptCheckpoint(f"content fingerprints {c!r} are not "
-                                "{'components': {...}, 'ops': {...}}")
+        raise CorruptCheckpoint(
+            f"content fingerprints {c!r} are not {{'components': {{...}}, 'ops': {{...}}}}"
+        )
     out = {}
     for part in ("components", "ops"):
         table = c.get(part, {})
-        if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                  for k, v in table.items()):
+        if not isinstance(table, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in table.items()
+        ):
             raise CorruptCheckpoint(f"content fingerprints {part!r} must map names to strings")
         out[part] = dict(table)
     return out
@@ -248,8 +308,9 @@ def _check_keys(d: Any, keys: set[str], what: str) -> None:
         raise CorruptCheckpoint(f"{what} is {type(d).__name__}, expected a dict")
     missing, extra = keys - d.keys(), d.keys() - keys
     if missing or extra:
-        raise CorruptCheckpoint(f"{what}: missing keys {sorted(missing)}, unexpected keys "
-                                f"{sorted(map(str, extra))}")
+        raise CorruptCheckpoint(
+            f"{what}: missing keys {sorted(missing)}, unexpected keys {sorted(map(str, extra))}"
+        )
 
 
 def _int(x: Any, what: str) -> int:
@@ -273,16 +334,20 @@ def _list(x: Any, what: str) -> list:
 def check_progress(state: PipelineState, n: int) -> None:
     """Lane progress must be consistent with one global position."""
     if sorted(state.lanes) != list(range(n)):
-        raise IncompatibleCheckpoint(f"checkpoint holds lanes {sorted(state.lanes)}, the "
-                                     f"pipeline has canonical_replicas={n}")
+        raise IncompatibleCheckpoint(
+            f"checkpoint holds lanes {sorted(state.lanes)}, the pipeline has canonical_replicas={n}"
+        )
     bad = []
     for lane, ls in state.lanes.items():
         turns = turns_of_lane(lane, state.position, n)
         ok = ls.delivered <= turns if ls.exhausted else ls.delivered == turns
         if not ok:
-            bad.append(f"lane {lane}: {ls.delivered} outputs delivered, position "
-                       f"{state.position} implies {turns}")
+            bad.append(
+                f"lane {lane}: {ls.delivered} outputs delivered, position "
+                f"{state.position} implies {turns}"
+            )
     if bad:
         raise IncompatibleCheckpoint(
             "lane progress is inconsistent with a single global position (were lane states "
-            "from ranks that checkpointed at different steps merged?): " + "; ".join(bad))
+            "from ranks that checkpointed at different steps merged?): " + "; ".join(bad)
+        )

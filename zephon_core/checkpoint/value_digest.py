@@ -59,8 +59,7 @@ def _crc(v: Any, crc: int, depth: int) -> int:
             return crc
         if v.nbytes > FULL_BYTES:
             v = v.reshape(-1)[:: v.nbytes // FULL_BYTES + 1]
-        return zlib.crc32(v.data if v.flags.c_contiguous else np.ascontiguousarray(v).data,
-                          crc)
+        return zlib.crc32(v.data if v.flags.c_contiguous else np.ascontiguousarray(v).data, crc)
     if isinstance(v, Mapping):
         for k in v:
             crc = zlib.crc32(str(k).encode(), crc)
@@ -77,6 +76,9 @@ def _crc(v: Any, crc: int, depth: int) -> int:
         return crc
     if hasattr(v, "detach") and hasattr(v, "numpy"):  # a torch tensor
         return _crc(v.detach().cpu().numpy(), crc, depth)
-    return zlib.crc32(repr(v).encode() if isinstance(v, (int, float, bool, type(None),
-                                                          np.generic)) else
-                      type(v).__qualname__.encode(), crc)
+    return zlib.crc32(
+        repr(v).encode()
+        if isinstance(v, (int, float, bool, type(None), np.generic))
+        else type(v).__qualname__.encode(),
+        crc,
+    )

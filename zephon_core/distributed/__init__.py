@@ -14,5 +14,15 @@ def merge_local_checkpoints(reports: list[dict[str, Any]], num_lanes: int) -> di
     return merge_reports([report_from_dict(r) for r in reports], num_lanes).to_dict()
 
 
-__all__ = ["AggregationError", "Aggregator", "RankReport", "Topology", "detect",
-           "merge_local_checkpoints", "merge_reports", "rank_lanes", "validate", "worker_lanes"]
+__all__ = [
+    "AggregationError",
+    "Aggregator",
+    "RankReport",
+    "Topology",
+    "detect",
+    "merge_local_checkpoints",
+    "merge_reports",
+    "rank_lanes",
+    "validate",
+    "worker_lanes",
+]

@@ -50,15 +50,22 @@ class Aggregator:
         self.markers: list[tuple[str, float | None]] = []
 
     @classmethod
-    def create(cls, topology: Topology, directory: str | None, store, timeout_s: float,
-               num_lanes: int) -> Aggregator:
+    def create(
+        cls, topology: Topology, directory: str | None, store, timeout_s: float, num_lanes: int
+    ) -> Aggregator:
         return cls(topology, open_storage(directory, store), timeout_s, num_lanes)
 
     # -- the round -------------------------------------------------------------------
     def round(self, local: PipelineState) -> PipelineState:
         deadline = time.monotonic() + self.timeout_s
-        report = codec.encode({"rank": self.topology.rank, "dp_rank": self.topology.dp_rank,
-                               "dp_size": self.topology.dp_size, "state": local.to_dict()})
+        report = codec.encode(
+            {
+                "rank": self.topology.rank,
+                "dp_rank": self.topology.dp_rank,
+                "dp_size": self.topology.dp_size,
+                "state": local.to_dict(),
+            }
+        )
         if self.topology.rank == 0:
             return self._lead(report, local, deadline)
         return self._follow(report, local.position, deadline)
@@ -92,14 +99,14 @@ class Aggregator:
         s.put(f"{rid}.merged", codec.encode(merged.to_dict()))
         self.markers.append((rid, None))
         s.delete(f"{rid}.state.0")
-        missing = [r for r in range(1, world)
-                   if s.wait(f"{rid}.ack.{r}", deadline) is None]
+        missing = [r for r in range(1, world) if s.wait(f"{rid}.ack.{r}", deadline) is None]
         self._cleanup(rid, states=bool(missing), acks=True)
         if missing:
             raise AggregationError(
                 f"aggregation round {rid}: ranks {missing} did not acknowledge the merged "
                 f"state within aggregate_timeout_s={self.timeout_s}; the merged result stays "
-                "for them until the next acknowledged round")
+                "for them until the next acknowledged round"
+            )
         for old, _ in self.markers[:-1]:  # fully acknowledged: older markers can go
             s.delete(f"{old}.merged")
         self.markers = [(rid, None)]
@@ -140,8 +147,11 @@ class Aggregator:
                 continue
             if data.startswith(FAILED):
                 newer = s.get("announce")
-                if newer is not None and newer.decode() != rid and \
-                        s.get(f"{newer.decode()}.merged") is None:
+                if (
+                    newer is not None
+                    and newer.decode() != rid
+                    and s.get(f"{newer.decode()}.merged") is None
+                ):
                     continue  # a restarted leader opened a new round
                 s.delete(f"{rid}.state.{rank}")
                 raise self._failed(rid, data)
@@ -153,29 +163,45 @@ class Aggregator:
             raise AggregationError(
                 f"rank {rank}: the leader (rank 0) did not announce an aggregation round "
                 f"within aggregate_timeout_s={self.timeout_s}; is rank 0 calling "
-                "checkpoint() at the same step?")
+                "checkpoint() at the same step?"
+            )
         s.delete(f"{rid}.state.{rank}")
-        raise AggregationError(f"rank {rank}: no merged state for round {rid} within "
-                               f"aggregate_timeout_s={self.timeout_s}")
+        raise AggregationError(
+            f"rank {rank}: no merged state for round {rid} within "
+            f"aggregate_timeout_s={self.timeout_s}"
+        )
 
     def _failed(self, rid: str, notice: bytes) -> AggregationError:
-        return AggregationError(f"rank {self.topology.rank}: the leader failed aggregation "
-                                f"round {rid}: "
-                                + notice[len(FAILED):].decode(errors="replace"))
+        return AggregationError(
+            f"rank {self.topology.rank}: the leader failed aggregation "
+            f"round {rid}: " + notice[len(FAILED) :].decode(errors="replace")
+        )
 
     # -- helpers --------------------------------------------------------------------
     def _missing_message(self, rid: str, missing: list[int], reports: dict) -> str:
         covered = {lane for r in reports.values() for lane in r.state.lanes}
         lanes = sorted(set(range(self.num_lanes)) - covered)
         position = next(iter(reports.values())).state.position
-        own = {r: sorted(expected_lanes(self.num_lanes, self.topology.dp_size,
-                                        r % self.topology.dp_size, position))
-               for r in missing} if self.topology.dp_size == self.topology.world_size else {}
+        own = (
+            {
+                r: sorted(
+                    expected_lanes(
+                        self.num_lanes, self.topology.dp_size, r % self.topology.dp_size, position
+                    )
+                )
+                for r in missing
+            }
+            if self.topology.dp_size == self.topology.world_size
+            else {}
+        )
         detail = "; ".join(f"rank {r} owns lanes {v}" for r, v in own.items())
-        return (f"aggregation round {rid} timed out after aggregate_timeout_s={self.timeout_s}: "
-                f"ranks {missing} never reported (lanes not covered: {lanes}"
-                + (f"; {detail}" if detail else "") + "). Every rank must call checkpoint() at "
-                "the same step.")
+        return (
+            f"aggregation round {rid} timed out after aggregate_timeout_s={self.timeout_s}: "
+            f"ranks {missing} never reported (lanes not covered: {lanes}"
+            + (f"; {detail}" if detail else "")
+            + "). Every rank must call checkpoint() at "
+            "the same step."
+        )
 
     def _cleanup(self, rid: str, *, states: bool, acks: bool) -> None:
         for r in range(self.topology.world_size):
@@ -204,7 +230,11 @@ def _decode_report(data: bytes) -> RankReport:
 
 def report_from_dict(d: dict) -> RankReport:
     try:
-        return RankReport(int(d["rank"]), int(d["dp_rank"]), int(d["dp_size"]),
-                          PipelineState.from_dict(d["state"]))
+        return RankReport(
+            int(d["rank"]),
+            int(d["dp_rank"]),
+            int(d["dp_size"]),
+            PipelineState.from_dict(d["state"]),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptCheckpoint(f"aggregation report is corrupted: {e}") from e

@@ -31,8 +31,10 @@ def step_agreement(topology: Topology, finite: bool) -> Callable[[bool], bool] |
         return None
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) \
-            or dist.get_world_size() != topology.world_size:
+    if (
+        not (dist.is_available() and dist.is_initialized())
+        or dist.get_world_size() != topology.world_size
+    ):
         return None
     import torch
 

@@ -38,7 +38,8 @@ def check_report(report: RankReport, num_lanes: int) -> None:
         raise TopologyError(
             f"rank {report.rank} (dp_rank {report.dp_rank} of {report.dp_size}) reported lanes "
             f"{sorted(got)} at position {st.position}, but its lane mapping gives "
-            f"{sorted(want)}; all ranks must use the same canonical_replicas and dp layout")
+            f"{sorted(want)}; all ranks must use the same canonical_replicas and dp layout"
+        )
 
 
 def peer_difference(a: LaneState, b: LaneState) -> str | None:
@@ -52,8 +53,7 @@ def peer_difference(a: LaneState, b: LaneState) -> str | None:
         if getattr(a, f) != getattr(b, f):
             return f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}"
     common = min(a.next_chunk, b.next_chunk)
-    if [c for c in a.chunks if c.chunk_id < common] != \
-            [c for c in b.chunks if c.chunk_id < common]:
+    if [c for c in a.chunks if c.chunk_id < common] != [c for c in b.chunks if c.chunk_id < common]:
         return "the chunks both fetched differ"
     if [x for x in a.boundaries if x <= common] != [x for x in b.boundaries if x <= common]:
         return "epoch boundaries differ"
@@ -68,23 +68,28 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
         if r.state.fingerprint != first.fingerprint:
             raise IncompatibleCheckpoint(
                 f"rank {r.rank} runs a differently configured pipeline than rank "
-                f"{reports[0].rank} (fingerprints {r.state.fingerprint} vs {first.fingerprint})")
+                f"{reports[0].rank} (fingerprints {r.state.fingerprint} vs {first.fingerprint})"
+            )
         if r.state.content != first.content:
             raise IncompatibleCheckpoint(
                 f"rank {r.rank} runs over other data or functions than rank {reports[0].rank} "
                 f"(content fingerprints {r.state.content} vs {first.content}); every rank must "
-                "read the same datasets with the same code")
+                "read the same datasets with the same code"
+            )
     layouts = {r.rank: r.dp_size for r in reports}
     if len(set(layouts.values())) > 1:
-        raise TopologyError("ranks use different data-parallel layouts (dp_size "
-                            + ", ".join(f"rank {k}: {v}" for k, v in sorted(layouts.items()))
-                            + "); bind the same dp_size on every rank")
+        raise TopologyError(
+            "ranks use different data-parallel layouts (dp_size "
+            + ", ".join(f"rank {k}: {v}" for k, v in sorted(layouts.items()))
+            + "); bind the same dp_size on every rank"
+        )
     positions = {r.rank: r.state.position for r in reports}
     if len(set(positions.values())) > 1:
         raise IncompatibleCheckpoint(
             "ranks checkpointed at different steps (global positions "
             + ", ".join(f"rank {k}: {v}" for k, v in sorted(positions.items()))
-            + "); call checkpoint() on every rank at the same step")
+            + "); call checkpoint() on every rank at the same step"
+        )
     lanes: dict[int, LaneState] = {}
     owner: dict[int, int] = {}
     for r in reports:
@@ -98,13 +103,13 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
                 raise IncompatibleCheckpoint(
                     f"model-parallel peers disagree on lane {lane} ({diff}): rank "
                     f"{owner[lane]} and rank {r.rank} share a data-parallel rank but consumed "
-                    "different data; peers must see identical batches (check bind(dp_rank=...))")
+                    "different data; peers must see identical batches (check bind(dp_rank=...))"
+                )
             if ls.next_chunk > lanes[lane].next_chunk:
                 lanes[lane], owner[lane] = ls, r.rank  # the peer whose pump fetched furthest
     missing = sorted(set(range(num_lanes)) - set(lanes))
     if missing:
         raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")
-    merged = PipelineState(first.fingerprint, first.config, first.position, lanes,
-                           first.content)
+    merged = PipelineState(first.fingerprint, first.config, first.position, lanes, first.content)
     check_progress(merged, num_lanes)
     return merged

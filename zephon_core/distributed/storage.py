@@ -47,7 +47,6 @@ class DirStorage:
         except FileNotFoundError:
             pass
 
-
     def wait(self, key: str, deadline: float) -> bytes | None:
         """The value of ``key`` once it exists, or None at ``deadline``."""
         delay = 0.005
@@ -81,7 +80,6 @@ class StoreStorage:
     def delete(self, key: str) -> None:
         self.store.delete_key(self.prefix + key)
 
-
     def wait(self, key: str, deadline: float) -> bytes | None:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -103,11 +101,13 @@ def open_storage(directory: str | None, store: Any) -> DirStorage | StoreStorage
             raise ConfigError(
                 "checkpoint() on several ranks merges lane states through coordination "
                 "storage: pass aggregate_dir=<shared dir or URL> or aggregate_store=<Store>, "
-                "or initialize torch.distributed to use aggregate_store='torch://'")
+                "or initialize torch.distributed to use aggregate_store='torch://'"
+            )
         from torch.distributed.distributed_c10d import _get_default_store
 
         return StoreStorage(_get_default_store())
     if isinstance(store, str):
-        raise ConfigError(f"aggregate_store={store!r}: use 'torch://' or a "
-                          "torch.distributed.Store object")
+        raise ConfigError(
+            f"aggregate_store={store!r}: use 'torch://' or a torch.distributed.Store object"
+        )
     return StoreStorage(store)

@@ -35,18 +35,21 @@ class Topology:
         for name in ("rank", "world_size", "dp_rank", "dp_size", "worker_id", "num_workers"):
             int_arg(name, getattr(self, name), minimum=0, where="topology", error=TopologyError)
         if self.world_size < 1 or self.dp_size < 1:
-            raise TopologyError(f"world_size={self.world_size} and dp_size={self.dp_size} "
-                                "must be >= 1")
+            raise TopologyError(
+                f"world_size={self.world_size} and dp_size={self.dp_size} must be >= 1"
+            )
         if not self.rank < self.world_size:
             raise TopologyError(f"rank={self.rank} must be < world_size={self.world_size}")
         if not self.dp_rank < self.dp_size:
             raise TopologyError(f"dp_rank={self.dp_rank} must be < dp_size={self.dp_size}")
         if self.world_size % self.dp_size:
-            raise TopologyError(f"world_size={self.world_size} is not a multiple of "
-                                f"dp_size={self.dp_size}")
+            raise TopologyError(
+                f"world_size={self.world_size} is not a multiple of dp_size={self.dp_size}"
+            )
         if self.num_workers and not self.worker_id < self.num_workers:
-            raise TopologyError(f"worker_id={self.worker_id} must be < "
-                                f"num_workers={self.num_workers}")
+            raise TopologyError(
+                f"worker_id={self.worker_id} must be < num_workers={self.num_workers}"
+            )
 
     @property
     def is_leader(self) -> bool:
@@ -79,13 +82,15 @@ def validate(num_lanes: int, dp_size: int, num_workers: int) -> None:
         raise TopologyError(
             f"canonical_replicas={num_lanes} is not divisible by dp_size={dp_size}; valid "
             f"dp sizes for {num_lanes} lanes are {_divisors(num_lanes)} (or choose "
-            f"canonical_replicas as a multiple of {dp_size} when starting a run)")
+            f"canonical_replicas as a multiple of {dp_size} when starting a run)"
+        )
     per_rank = num_lanes // dp_size
     if num_workers and per_rank % num_workers:
         raise TopologyError(
             f"each of the {dp_size} data-parallel ranks owns {per_rank} lanes, which "
             f"num_workers={num_workers} does not divide; valid num_workers are "
-            f"{[0] + _divisors(per_rank)}")
+            f"{[0] + _divisors(per_rank)}"
+        )
 
 
 def rank_lanes(num_lanes: int, dp_size: int, dp_rank: int, start: int) -> list[int]:

@@ -40,7 +40,7 @@ DEFAULT_K = 4
 
 @dataclass(frozen=True)
 class Stage:
-    runner: str              # "threads" | "processes" | "inline"
+    runner: str  # "threads" | "processes" | "inline"
     ops: tuple[Operator, ...]
     indices: tuple[int, ...]  # the operators' positions in Plan.ops
 
@@ -58,10 +58,10 @@ class Plan:
     """The compiled plan of a pipeline description (see the module docstring)."""
 
     source: Any
-    ops: tuple[Operator, ...]          # bound templates, the replay filter included
+    ops: tuple[Operator, ...]  # bound templates, the replay filter included
     stages: tuple[Stage, ...]
-    replay_index: int | None           # position of the replay filter in ops
-    batch_index: int | None            # position of the batch operator in ops
+    replay_index: int | None  # position of the replay filter in ops
+    batch_index: int | None  # position of the batch operator in ops
     epoch_based: bool
     k: int
     num_lanes: int
@@ -100,35 +100,45 @@ def _fresh(op: Operator) -> Operator:
 def _validate_ops(ops: list[Operator]) -> None:
     for i, op in enumerate(ops):
         if not isinstance(op, Operator):
-            raise ConfigError(f"operator #{i} ({op!r}) is not a zephon_core.Operator; "
-                              "subclass Operator and pass it to pipe.then(op)")
+            raise ConfigError(
+                f"operator #{i} ({op!r}) is not a zephon_core.Operator; "
+                "subclass Operator and pass it to pipe.then(op)"
+            )
         p = int_arg("parallelism", op.parallelism, minimum=1, where=f"operator {op.name!r}")
         if p > 1 and not op.traits.stateless:
-            raise ConfigError(f"operator {op.name!r} keeps state, so it cannot run with "
-                              f"parallelism={p}; use parallelism=1")
+            raise ConfigError(
+                f"operator {op.name!r} keeps state, so it cannot run with "
+                f"parallelism={p}; use parallelism=1"
+            )
         runner = getattr(op, "runner", "threads")
         if runner not in ("threads", "processes"):
-            raise ConfigError(f"operator {op.name!r}: runner={runner!r}; use 'threads' or "
-                              "'processes'")
-        if runner == "processes" and not (op.traits.stateless and
-                                          op.traits.preserves_cursor_order):
-            raise ConfigError(f"operator {op.name!r} keeps state or reorders records, so "
-                              "it cannot run on worker processes; use runner='threads'")
+            raise ConfigError(
+                f"operator {op.name!r}: runner={runner!r}; use 'threads' or 'processes'"
+            )
+        if runner == "processes" and not (op.traits.stateless and op.traits.preserves_cursor_order):
+            raise ConfigError(
+                f"operator {op.name!r} keeps state or reorders records, so "
+                "it cannot run on worker processes; use runner='threads'"
+            )
     batches = [i for i, op in enumerate(ops) if isinstance(op, BatchOp)]
     if len(batches) > 1:
-        raise ConfigError(f"the pipeline has {len(batches)} batch operators; use one batch() "
-                          "at the end")
+        raise ConfigError(
+            f"the pipeline has {len(batches)} batch operators; use one batch() at the end"
+        )
     if batches:
-        for op in ops[batches[0] + 1:]:
+        for op in ops[batches[0] + 1 :]:
             if not op.traits.preserves_cursor_order or not op.traits.stateless:
                 raise ConfigError(
                     f"operator {op.name!r} after batch() buffers or reorders; only stateless "
-                    "1:1 operators (e.g. map) may follow batch(), move it before batch()")
+                    "1:1 operators (e.g. map) may follow batch(), move it before batch()"
+                )
     names = [op.name for op in ops]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
-        raise ConfigError(f"operator names {dups} are used twice; pass name=... to tell them "
-                          "apart (names identify operators in errors and stats)")
+        raise ConfigError(
+            f"operator names {dups} are used twice; pass name=... to tell them "
+            "apart (names identify operators in errors and stats)"
+        )
 
 
 def resolve_k(k: int | None, monotone: bool) -> int:
@@ -136,15 +146,20 @@ def resolve_k(k: int | None, monotone: bool) -> int:
         return 0 if monotone else DEFAULT_K
     k = int_arg("flush_every_k_chunks", k, minimum=0)
     if monotone and k > 0:
-        warnings.warn(f"flush_every_k_chunks={k} on a pipeline whose operators all keep "
-                      "cursor order: sentinels buy nothing there and would perturb batch "
-                      "boundaries, so it is forced to 0", stacklevel=4)
+        warnings.warn(
+            f"flush_every_k_chunks={k} on a pipeline whose operators all keep "
+            "cursor order: sentinels buy nothing there and would perturb batch "
+            "boundaries, so it is forced to 0",
+            stacklevel=4,
+        )
         return 0
     if not monotone and k == 0:
-        raise ConfigError("flush_every_k_chunks=0 on a pipeline with reordering or "
-                          "history-keeping operators (pack, shuffle, ensure_mixture): without "
-                          "flush sentinels nothing could ever be evicted; set "
-                          f"flush_every_k_chunks to a positive value such as {DEFAULT_K}")
+        raise ConfigError(
+            "flush_every_k_chunks=0 on a pipeline with reordering or "
+            "history-keeping operators (pack, shuffle, ensure_mixture): without "
+            "flush sentinels nothing could ever be evicted; set "
+            f"flush_every_k_chunks to a positive value such as {DEFAULT_K}"
+        )
     return k
 
 
@@ -165,9 +180,18 @@ def _stages(ops: list[Operator]) -> tuple[Stage, ...]:
     return tuple(stages)
 
 
-def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | None, seed: int,
-                 prefetch: int, queue_size: int, checkpointing: bool,
-                 stall_timeout_s: float | None = None) -> Plan:
+def compile_plan(
+    source: Any,
+    ops: list[Operator],
+    *,
+    num_lanes: int,
+    k: int | None,
+    seed: int,
+    prefetch: int,
+    queue_size: int,
+    checkpointing: bool,
+    stall_timeout_s: float | None = None,
+) -> Plan:
     _validate_ops(ops)
     monotone = all(op.traits.preserves_cursor_order for op in ops)
     k = resolve_k(k, monotone)
@@ -177,17 +201,26 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
     replay_index = None
     if checkpointing:
         at = batch_index if batch_index is not None else len(ops)
-        neighbour = ops[batch_index].name if batch_index is not None else (
-            ops[-1].name if ops else "source")
+        neighbour = (
+            ops[batch_index].name
+            if batch_index is not None
+            else (ops[-1].name if ops else "source")
+        )
         ops.insert(at, ReplayFilter(f"{neighbour}_replay_filter", monotone=monotone))
         replay_index = at
         if batch_index is not None:
             batch_index += 1
     for i, op in enumerate(ops):
-        op.bind(OpContext(seed=derive_seed(seed, "op", i, op.name), index=i,
-                          component_names=tuple(source.component_names),
-                          weights=tuple(source.weights), source=source,
-                          upstream=tuple(ops[:i])))
+        op.bind(
+            OpContext(
+                seed=derive_seed(seed, "op", i, op.name),
+                index=i,
+                component_names=tuple(source.component_names),
+                weights=tuple(source.weights),
+                source=source,
+                upstream=tuple(ops[:i]),
+            )
+        )
         if getattr(op, "runner", "threads") == "processes":
             check_shippable(op)  # bound: exactly what the workers will receive
     config = {
@@ -197,10 +230,21 @@ def compile_plan(source: Any, ops: list[Operator], *, num_lanes: int, k: int | N
         "source": source.describe(),
         "ops": [op.describe() for op in user_ops],
     }
-    return Plan(source=source, ops=tuple(ops), stages=_stages(ops),
-                replay_index=replay_index, batch_index=batch_index,
-                epoch_based=not monotone, k=k, num_lanes=num_lanes, seed=seed,
-                prefetch=prefetch, queue_size=queue_size, checkpointing=checkpointing,
-                stall_timeout_s=stall_timeout_s, config=config,
-                content=content_fingerprints(source, user_ops),
-                fingerprint=fingerprint(config))
+    return Plan(
+        source=source,
+        ops=tuple(ops),
+        stages=_stages(ops),
+        replay_index=replay_index,
+        batch_index=batch_index,
+        epoch_based=not monotone,
+        k=k,
+        num_lanes=num_lanes,
+        seed=seed,
+        prefetch=prefetch,
+        queue_size=queue_size,
+        checkpointing=checkpointing,
+        stall_timeout_s=stall_timeout_s,
+        config=config,
+        content=content_fingerprints(source, user_ops),
+        fingerprint=fingerprint(config),
+    )

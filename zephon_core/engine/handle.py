@@ -62,8 +62,10 @@ class StreamHandle:
         """
         pipe = self._pipeline
         if not pipe.checkpointing:
-            raise ConfigError("this pipeline was built with checkpointing=False; build it "
-                              "with checkpointing=True to take checkpoints")
+            raise ConfigError(
+                "this pipeline was built with checkpointing=False; build it "
+                "with checkpointing=True to take checkpoints"
+            )
         local = self._local_state(served)
         topo = pipe.topology()  # where this process sits now
         if len(local.lanes) == pipe.canonical_replicas and topo.world_size == 1:
@@ -80,8 +82,12 @@ class StreamHandle:
         """This rank's lanes only, without an aggregation round: the report a rank sends
         (merge all ranks' reports with ``zephon_core.distributed.merge_local_checkpoints``)."""
         topo = self._pipeline.topology()
-        return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
-                "state": self._local_state(served).to_dict()}
+        return {
+            "rank": topo.rank,
+            "dp_rank": topo.dp_rank,
+            "dp_size": topo.dp_size,
+            "state": self._local_state(served).to_dict(),
+        }
 
     def save(self, path: str | os.PathLike, served: int | None = None) -> int:
         """Write :meth:`checkpoint` to ``path`` atomically; returns the size in bytes."""
@@ -112,7 +118,8 @@ class StreamHandle:
 def _failed_earlier(where: str, failure: BaseException, restore_hint: str) -> PipelineError:
     return PipelineError(
         f"this {where} failed earlier ({type(failure).__name__}: {failure}) and cannot "
-        f"continue; its state up to the last delivered output is intact: {restore_hint}")
+        f"continue; its state up to the last delivered output is intact: {restore_hint}"
+    )
 
 
 class PipelineIterator(StreamHandle, Iterator[Any]):
@@ -129,8 +136,9 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
         topo = pipeline.topology()
         self._init_handle(pipeline, topo)
         plan = pipeline.compile()
-        self._run = PipelineRun(plan, restore, Topology(topo.rank, topo.world_size,
-                                                        topo.dp_rank, topo.dp_size))
+        self._run = PipelineRun(
+            plan, restore, Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size)
+        )
         self._agree = step_agreement(topo, is_finite(plan.source))
         self._done = False
         self._failure: BaseException | None = None
@@ -142,11 +150,15 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
     def __next__(self) -> Any:
         if self._failure is not None:
             raise _failed_earlier(
-                f"iterator (global position {self._run.position()})", self._failure,
-                "state = it.state_dict(); it = pipe.iterate(restore=state)") from self._failure
+                f"iterator (global position {self._run.position()})",
+                self._failure,
+                "state = it.state_dict(); it = pipe.iterate(restore=state)",
+            ) from self._failure
         if self._closed:
-            raise LifecycleError("this iterator was closed; take a new one "
-                                 "(pipe.iterate(restore=it.state_dict()) continues exactly)")
+            raise LifecycleError(
+                "this iterator was closed; take a new one "
+                "(pipe.iterate(restore=it.state_dict()) continues exactly)"
+            )
         if self._done:
             raise StopIteration
         try:

@@ -25,7 +25,6 @@ boundary)`` and ``(END, None)``.
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
@@ -33,7 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from time import perf_counter
 from typing import Any, NamedTuple
 
-from ..checkpoint.state import Delivery, LaneState
+from ..checkpoint.state import Delivery, LaneState, plain_copy
 from ..checkpoint.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
 from ..records import TOMBSTONE, Contributor, Record, SampleCursor
@@ -58,16 +57,24 @@ class Output(NamedTuple):
 
 def pointer_records(chunk: WorkChunk) -> list[Record]:
     lane, cid = chunk.lane, chunk.chunk_id
-    return [Record((comp, row), SampleCursor(lane, cid, i, 0),
-                   [Contributor(cid, i, 0, True, comp, 0)])
-            for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))]
+    return [
+        Record((comp, row), SampleCursor(lane, cid, i, 0), [Contributor(cid, i, 0, True, comp, 0)])
+        for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))
+    ]
 
 
 class LaneStream:
     """The producer side of one lane. ``outputs`` is a generator of :class:`Output`."""
 
-    def __init__(self, plan: Plan, lane: int, restored: LaneState | None,
-                 pool: Executor | None, procs: StagePool | None, stats: list[OpStats]):
+    def __init__(
+        self,
+        plan: Plan,
+        lane: int,
+        restored: LaneState | None,
+        pool: Executor | None,
+        procs: StagePool | None,
+        stats: list[OpStats],
+    ):
         self.plan = plan
         self.lane = lane
         self.pool = pool
@@ -76,11 +83,11 @@ class LaneStream:
         self.source = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
         n_comp = len(plan.source.component_names)
         if restored is not None:
-            self.source.load_state_dict(copy.deepcopy(restored.source))
+            self.source.load_state_dict(plain_copy(restored.source))
             state = restored.copy()
             state.tokens += [0] * (n_comp - len(state.tokens))
         else:
-            source = copy.deepcopy(self.source.state_dict()) if plan.checkpointing else {}
+            source = plain_copy(self.source.state_dict()) if plan.checkpointing else {}
             state = LaneState(lane=lane, source=source, tokens=[0] * n_comp)
         self.replay = deque(state.chunks)
         self.chunks_replayed = len(state.chunks)
@@ -94,14 +101,15 @@ class LaneStream:
             self.ops[plan.replay_index].set_target(state.cursor, state.digest)
         # without batch the replay filter sits at the tail: an output is the record it
         # will look for, so its digest is taken here (batch records carry their own)
-        self._digest_outputs = (plan.replay_index is not None
-                                and plan.replay_index == len(plan.ops) - 1)
+        self._digest_outputs = (
+            plan.replay_index is not None and plan.replay_index == len(plan.ops) - 1
+        )
         self.activity = Activity()
         self.clock = perf_counter()  # when the lane last produced (or was asked for) output
         self.outputs: Iterator[Output] = self._outputs(state.exhausted)
 
     def _source_state(self) -> dict:
-        return copy.deepcopy(self.source.state_dict())
+        return plain_copy(self.source.state_dict())
 
     # -- phase 1 and phase 2 -------------------------------------------------
     def _chunks(self) -> Iterator[tuple[int, Any]]:
@@ -122,8 +130,10 @@ class LaneStream:
             try:
                 chunk = self.source.next_chunk()
             except Exception as e:  # noqa: BLE001
-                raise PipelineError(f"WorkSource of lane {self.lane} failed at chunk "
-                                    f"{self.next_id}: {type(e).__name__}: {e}") from e
+                raise PipelineError(
+                    f"WorkSource of lane {self.lane} failed at chunk "
+                    f"{self.next_id}: {type(e).__name__}: {e}"
+                ) from e
             if chunk is None:
                 if checkpointing:
                     ledger.mark_exhausted(self._source_state())
@@ -133,7 +143,8 @@ class LaneStream:
                 raise ContractViolation(
                     f"WorkSource of lane {self.lane} returned chunk (lane={chunk.lane}, "
                     f"chunk_id={chunk.chunk_id}, {len(chunk)} pointers); expected lane "
-                    f"{self.lane}, chunk_id {self.next_id} and at least one pointer")
+                    f"{self.lane}, chunk_id {self.next_id} and at least one pointer"
+                )
             self.next_id += 1
             boundary = k > 0 and (chunk.chunk_id + 1) % k == 0
             if checkpointing:
@@ -146,11 +157,16 @@ class LaneStream:
                 yield FLUSH, chunk.chunk_id + 1
 
     def _busy_without_output(self, timeout: float) -> PipelineError:
-        counts = ", ".join(f"{op.name}: {st.records_in} in / {st.records_out} out"
-                           for op, st in zip(self.plan.ops, self.stats))
-        return stalled(f"lane {self.lane} pulled chunks up to {self.next_id - 1} without "
-                       f"producing an output (an operator drops or holds every record? "
-                       f"records per operator, all lanes: {counts})", timeout)
+        counts = ", ".join(
+            f"{op.name}: {st.records_in} in / {st.records_out} out"
+            for op, st in zip(self.plan.ops, self.stats)
+        )
+        return stalled(
+            f"lane {self.lane} pulled chunks up to {self.next_id - 1} without "
+            f"producing an output (an operator drops or holds every record? "
+            f"records per operator, all lanes: {counts})",
+            timeout,
+        )
 
     # -- stages ----------------------------------------------------------------
     def _parallel_stage(self, index: int, stage: Stage, events: Iterator) -> Iterator:
@@ -167,12 +183,14 @@ class LaneStream:
             return out, tombs
 
         if stage.runner == "processes" and procs is not None:
+
             def submit(recs: list[Record]) -> Future:
                 return procs.submit(index, lane, recs)
 
             def result(fut: Future, timeout: float | None) -> tuple[list[Record], list[Record]]:
                 return procs.collect(index, fut, stats, timeout)
         else:
+
             def submit(recs: list[Record]) -> Future:
                 return pool.submit(job, recs)
 
@@ -203,9 +221,13 @@ class LaneStream:
                     out, tombs = result(fut, timeout)
                 except FutureTimeout:
                     at = f" on the microbatch starting at cursor {tuple(first)}" if first else ""
-                    raise stalled(f"lane {lane}: {label} did not return{at} within the "
-                                  "timeout (a function blocked in I/O or a lock?)", timeout,
-                                  operator=stage.ops[0].name, cursor=first) from None
+                    raise stalled(
+                        f"lane {lane}: {label} did not return{at} within the "
+                        "timeout (a function blocked in I/O or a lock?)",
+                        timeout,
+                        operator=stage.ops[0].name,
+                        cursor=first,
+                    ) from None
                 yield RECS, out + tombs if tombs else out
             else:
                 yield kind, x
@@ -256,8 +278,13 @@ class LaneStream:
         missing = self.tracker.open_offsets(boundary)
         if not missing:
             return
-        held = {(c.chunk_id, c.offset) for op in self.ops if op.traits.holds_across_flush
-                for r in op.held() for c in r.contributors}
+        held = {
+            (c.chunk_id, c.offset)
+            for op in self.ops
+            if op.traits.holds_across_flush
+            for r in op.held()
+            for c in r.contributors
+        }
         lost = [m for m in missing if m not in held]
         if lost:
             stateful = [op.name for op in self.ops if not op.traits.stateless]
@@ -265,7 +292,8 @@ class LaneStream:
                 f"after the flush before chunk {boundary}, lane {self.lane} lost offsets "
                 f"{lost[:8]} (chunk, offset): neither delivered nor tombstoned. An "
                 f"operator's flush() did not emit everything it held (stateful operators: "
-                f"{stateful}); flush must emit every record the instance holds")
+                f"{stateful}); flush must emit every record the instance holds"
+            )
 
     # -- outputs ---------------------------------------------------------------
     def _outputs(self, exhausted: bool) -> Iterator[Output]:
@@ -274,8 +302,11 @@ class LaneStream:
             return
         events: Iterator = self._chunks()
         for i, stage in enumerate(self.plan.stages):
-            events = (self._parallel_stage(i, stage, events) if stage.parallel
-                      else self._inline_stage(i, stage, events))
+            events = (
+                self._parallel_stage(i, stage, events)
+                if stage.parallel
+                else self._inline_stage(i, stage, events)
+            )
         tracker, track = self.tracker, self.plan.checkpointing
         check = track and self.plan.epoch_based
         digest_outputs = self._digest_outputs
@@ -287,8 +318,7 @@ class LaneStream:
                             tracker.close(r.contributors)
                     elif track:
                         digest = value_digest(r.payload) if digest_outputs else r.digest
-                        yield Output(r.payload, tracker.deliver(r.contributors, r.cursor,
-                                                                digest))
+                        yield Output(r.payload, tracker.deliver(r.contributors, r.cursor, digest))
                         self.clock = perf_counter()
                     else:
                         yield Output(r.payload, None)
@@ -304,5 +334,4 @@ class LaneStream:
 
 
 def _stage_label(index: int, stage: Stage) -> str:
-    return (f"stage[{index}] ({', '.join(op.name for op in stage.ops)}, "
-            f"runner={stage.runner})")
+    return f"stage[{index}] ({', '.join(op.name for op in stage.ops)}, runner={stage.runner})"

@@ -24,6 +24,7 @@ most one live current handle:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -53,8 +54,14 @@ from .torch_data import ZephonDataLoader, ZephonIterableDataset
 
 DEFAULT_STALL_TIMEOUT_S = 600.0
 #: runtime options ``with_options`` may change (none of them changes the stream)
-_OPTIONS = ("prefetch", "queue_size", "aggregate_dir", "aggregate_store",
-            "aggregate_timeout_s", "stall_timeout_s")
+_OPTIONS = (
+    "prefetch",
+    "queue_size",
+    "aggregate_dir",
+    "aggregate_store",
+    "aggregate_timeout_s",
+    "stall_timeout_s",
+)
 
 
 class Pipeline:
@@ -95,38 +102,78 @@ class Pipeline:
             wait is a backstop at 1.5x); None disables. See ``engine/watchdog.py``.
     """
 
-    def __init__(self, source: SourceSpec, canonical_replicas: int = 1,
-                 flush_every_k_chunks: int | None = None, seed: int = 0, *,
-                 prefetch: int = 3, queue_size: int = 2, checkpointing: bool = True,
-                 aggregate_dir: str | os.PathLike | None = None,
-                 aggregate_store: Any = None, aggregate_timeout_s: float = 300.0,
-                 stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S):
+    def __init__(
+        self,
+        source: SourceSpec,
+        canonical_replicas: int = 1,
+        flush_every_k_chunks: int | None = None,
+        seed: int = 0,
+        *,
+        prefetch: int = 3,
+        queue_size: int = 2,
+        checkpointing: bool = True,
+        aggregate_dir: str | os.PathLike | None = None,
+        aggregate_store: Any = None,
+        aggregate_timeout_s: float = 300.0,
+        stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S,
+    ):
         for attr in ("open_lane", "read", "describe", "component_names", "weights"):
             if not hasattr(source, attr):
-                raise ConfigError(f"source {type(source).__name__} lacks {attr!r}; pass a "
-                                  "StaticMixtureWorkSource or implement the SourceSpec protocol")
+                raise ConfigError(
+                    f"source {type(source).__name__} lacks {attr!r}; pass a "
+                    "StaticMixtureWorkSource or implement the SourceSpec protocol"
+                )
         canonical_replicas = int_arg("canonical_replicas", canonical_replicas, minimum=1)
         seed = int_arg("seed", seed)
         checkpointing = bool_arg("checkpointing", checkpointing)
-        values = dict(source=source, canonical_replicas=canonical_replicas,
-                      flush_every_k_chunks=flush_every_k_chunks, seed=seed,
-                      checkpointing=checkpointing, _bind={}, _ops=(), _plan=None,
-                      _restore=None, _restore_used=False, _current=None)
-        values.update(_checked_options(dict(
-            prefetch=prefetch, queue_size=queue_size, aggregate_dir=aggregate_dir,
-            aggregate_store=aggregate_store, aggregate_timeout_s=aggregate_timeout_s,
-            stall_timeout_s=stall_timeout_s)))
+        values = dict(
+            source=source,
+            canonical_replicas=canonical_replicas,
+            flush_every_k_chunks=flush_every_k_chunks,
+            seed=seed,
+            checkpointing=checkpointing,
+            _bind={},
+            _ops=(),
+            _plan=None,
+            _restore=None,
+            _restore_used=False,
+            _current=None,
+        )
+        values.update(
+            _checked_options(
+                dict(
+                    prefetch=prefetch,
+                    queue_size=queue_size,
+                    aggregate_dir=aggregate_dir,
+                    aggregate_store=aggregate_store,
+                    aggregate_timeout_s=aggregate_timeout_s,
+                    stall_timeout_s=stall_timeout_s,
+                )
+            )
+        )
         self.__dict__.update(values)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"a Pipeline is a frozen description, so {name!r} cannot be set: "
-                             "builder methods, bind() and with_options() return new pipelines")
+        raise AttributeError(
+            f"a Pipeline is a frozen description, so {name!r} cannot be set: "
+            "builder methods, bind() and with_options() return new pipelines"
+        )
 
     def _evolve(self, **changes: Any) -> Pipeline:
-        """A new description: no handle and no pending restore; the plan is recompiled."""
+        """A new description: no handle and no pending restore. A compiled plan is kept
+        (it is immutable) unless the operators change; runtime options are swapped in."""
+        plan = self._plan
+        if plan is not None and "_ops" in changes:
+            plan = None
+        if plan is not None:
+            options = {
+                k: changes[k] for k in ("prefetch", "queue_size", "stall_timeout_s") if k in changes
+            }
+            if options:
+                plan = dataclasses.replace(plan, **options)
         new = object.__new__(Pipeline)
         new.__dict__.update(self.__dict__)
-        new.__dict__.update(_plan=None, _restore=None, _restore_used=False, _current=None)
+        new.__dict__.update(_plan=plan, _restore=None, _restore_used=False, _current=None)
         new.__dict__.update(changes)
         return new
 
@@ -146,14 +193,17 @@ class Pipeline:
         return self._ops
 
     @staticmethod
-    def for_rank(pipeline: Pipeline | Callable[[], Pipeline], rank: int,
-                 world_size: int) -> Pipeline:
+    def for_rank(
+        pipeline: Pipeline | Callable[[], Pipeline], rank: int, world_size: int
+    ) -> Pipeline:
         """A fresh description from a Pipeline or a zero-argument factory, bound to
         ``rank`` of ``world_size`` when there are several ranks (used by integrations)."""
         pipe = pipeline if isinstance(pipeline, Pipeline) else pipeline()
         if not isinstance(pipe, Pipeline):
-            raise ConfigError(f"the pipeline factory returned {type(pipe).__name__}, "
-                              "expected a zephon_core.Pipeline")
+            raise ConfigError(
+                f"the pipeline factory returned {type(pipe).__name__}, "
+                "expected a zephon_core.Pipeline"
+            )
         pipe = pipe.description()
         return pipe.bind(rank=rank, world_size=world_size) if world_size > 1 else pipe
 
@@ -167,18 +217,31 @@ class Pipeline:
         ``stall_timeout_s``); none of them changes the stream or the fingerprint."""
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise ConfigError(f"with_options({', '.join(unknown)}=...): not a runtime option; "
-                              f"use any of {list(_OPTIONS)}")
+            raise ConfigError(
+                f"with_options({', '.join(unknown)}=...): not a runtime option; "
+                f"use any of {list(_OPTIONS)}"
+            )
         merged = {k: getattr(self, k) for k in _OPTIONS}
         merged.update(options)
         return self._evolve(**_checked_options(merged))
 
-    def bind(self, *, rank: int | None = None, world_size: int | None = None,
-             dp_rank: int | None = None, dp_size: int | None = None) -> Pipeline:
+    def bind(
+        self,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+    ) -> Pipeline:
         """A copy with the topology taken from torch.distributed overridden
         (model-parallel peers share a ``dp_rank`` and get identical data)."""
-        b = {k: v for k, v in dict(rank=rank, world_size=world_size, dp_rank=dp_rank,
-                                   dp_size=dp_size).items() if v is not None}
+        b = {
+            k: v
+            for k, v in dict(
+                rank=rank, world_size=world_size, dp_rank=dp_rank, dp_size=dp_size
+            ).items()
+            if v is not None
+        }
         if "rank" in b and "dp_rank" not in b and "dp_size" not in b:
             b.update(dp_rank=b["rank"], dp_size=b.get("world_size", 1))
         new = self._evolve(_bind=b)
@@ -194,48 +257,74 @@ class Pipeline:
     def fetch(self, parallelism: int = 1) -> Pipeline:
         return self.then(FetchOp(parallelism))
 
-    def map(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
-            batched: bool = False, runner: str = "threads",
-            version: str | Callable[[], str] | None = None) -> Pipeline:
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        parallelism: int = 1,
+        name: str | None = None,
+        batched: bool = False,
+        runner: str = "threads",
+        version: str | Callable[[], str] | None = None,
+    ) -> Pipeline:
         """``runner="processes"`` runs ``fn`` on worker processes (GIL-bound functions;
         ``fn`` must be picklable, e.g. defined at module level). ``version`` (a string, or
         a function returning one) names the function's behaviour in place of its
         automatic content fingerprint, which a restore compares."""
         return self.then(MapOp(fn, parallelism, name, batched, runner, version))
 
-    def filter(self, predicate: Callable[[Any], bool], parallelism: int = 1,
-               name: str | None = None, runner: str = "threads",
-               version: str | Callable[[], str] | None = None) -> Pipeline:
+    def filter(
+        self,
+        predicate: Callable[[Any], bool],
+        parallelism: int = 1,
+        name: str | None = None,
+        runner: str = "threads",
+        version: str | Callable[[], str] | None = None,
+    ) -> Pipeline:
         return self.then(FilterOp(predicate, parallelism, name, runner, version))
 
     def split(self, max_len: int, key: str = "input_ids") -> Pipeline:
         return self.then(SplitOp(max_len, key))
 
-    def pack(self, seq_len: int, bins: int = 8, strategy: str = "first_fit",
-             key: str = "input_ids") -> Pipeline:
+    def pack(
+        self, seq_len: int, bins: int = 8, strategy: str = "first_fit", key: str = "input_ids"
+    ) -> Pipeline:
         return self.then(PackOp(seq_len, bins, key, strategy))
 
     def shuffle(self, buffer_size: int) -> Pipeline:
         return self.then(ShuffleOp(buffer_size))
 
-    def ensure_mixture(self, weights: Mapping[str, float] | Sequence[float] | None = None,
-                       window: int = 16) -> Pipeline:
+    def ensure_mixture(
+        self, weights: Mapping[str, float] | Sequence[float] | None = None, window: int = 16
+    ) -> Pipeline:
         return self.then(EnsureMixtureOp(weights, window))
 
-    def batch(self, batch_size: int, drop_last: bool = True, seq_len: int | None = None,
-              pad_to: str = "max", pad_id: int = 0) -> Pipeline:
+    def batch(
+        self,
+        batch_size: int,
+        drop_last: bool = True,
+        seq_len: int | None = None,
+        pad_to: str = "max",
+        pad_id: int = 0,
+    ) -> Pipeline:
         return self.then(BatchOp(batch_size, drop_last, seq_len, pad_to, pad_id))
 
     # -- planning -------------------------------------------------------------------
     def compile(self) -> Plan:
         """The compiled plan (cached: a description never changes)."""
         if self._plan is None:
-            self._set(_plan=compile_plan(self.source, list(self._ops),
-                                         num_lanes=self.canonical_replicas,
-                                         k=self.flush_every_k_chunks, seed=self.seed,
-                                         prefetch=self.prefetch, queue_size=self.queue_size,
-                                         checkpointing=self.checkpointing,
-                                         stall_timeout_s=self.stall_timeout_s))
+            self._set(
+                _plan=compile_plan(
+                    self.source,
+                    list(self._ops),
+                    num_lanes=self.canonical_replicas,
+                    k=self.flush_every_k_chunks,
+                    seed=self.seed,
+                    prefetch=self.prefetch,
+                    queue_size=self.queue_size,
+                    checkpointing=self.checkpointing,
+                    stall_timeout_s=self.stall_timeout_s,
+                )
+            )
         return self._plan
 
     def explain(self) -> str:
@@ -247,8 +336,9 @@ class Pipeline:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
         return admit(state, self.compile(), allow_changes)
 
-    def iterate(self, restore: Any = None, *, allow_changes: Iterable[str] = ()
-                ) -> PipelineIterator:
+    def iterate(
+        self, restore: Any = None, *, allow_changes: Iterable[str] = ()
+    ) -> PipelineIterator:
         """An independent iterator owning its own run.
 
         Args:
@@ -259,40 +349,55 @@ class Pipeline:
         start = self._admit(restore, allow_changes) if restore is not None else self._restore
         return PipelineIterator(self, start)
 
-    def dataloader(self, num_workers: int = 0, pin_memory: bool = False,
-                   max_read_ahead: int = 16, *, restore: Any = None,
-                   allow_changes: Iterable[str] = (), **kwargs: Any) -> ZephonDataLoader:
+    def dataloader(
+        self,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        max_read_ahead: int = 16,
+        *,
+        restore: Any = None,
+        allow_changes: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> ZephonDataLoader:
         """A DataLoader serving this rank's lanes; it becomes the pipeline's current handle.
         ``(canonical_replicas / dp_size) % num_workers`` must be 0. ``max_read_ahead``: how
         many batches the training loop may take beyond the last one it consumed and still
         ``checkpoint(served=...)`` at that one. ``restore``: as in :meth:`iterate`."""
         start = self._next_start(restore, allow_changes, "pipe.dataloader()")
         topo = self.topology()
-        loader = ZephonDataLoader(self, Topology(topo.rank, topo.world_size, topo.dp_rank,
-                                                 topo.dp_size), start,
-                                  num_workers=num_workers, pin_memory=pin_memory,
-                                  max_read_ahead=max_read_ahead, **kwargs)
+        loader = ZephonDataLoader(
+            self,
+            Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size),
+            start,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            max_read_ahead=max_read_ahead,
+            **kwargs,
+        )
         self._set(_current=loader, _restore_used=True)
         return loader
 
     def torch_dataset(self) -> ZephonIterableDataset:
         """A torch IterableDataset yielding ``(batch, LaneDelta)``; prefer ``dataloader()``."""
         topo = self.topology()
-        return ZephonIterableDataset(self, Topology(topo.rank, topo.world_size, topo.dp_rank,
-                                                    topo.dp_size), self._restore)
+        return ZephonIterableDataset(
+            self, Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size), self._restore
+        )
 
     def _live_current(self) -> StreamHandle | None:
         cur = self._current
         return cur if cur is not None and not cur.closed else None
 
-    def _next_start(self, restore: Any, allow_changes: Iterable[str],
-                    what: str) -> PipelineState | None:
+    def _next_start(
+        self, restore: Any, allow_changes: Iterable[str], what: str
+    ) -> PipelineState | None:
         live = self._live_current()
         if live is not None:
             raise LifecycleError(
                 f"{what}: this pipeline already has a live "
                 f"{'loader' if isinstance(live, ZephonDataLoader) else 'iterator'}; close it "
-                "first (pipe.close()), or use pipe.iterate() for an independent iterator")
+                "first (pipe.close()), or use pipe.iterate() for an independent iterator"
+            )
         if restore is not None:
             start = self._admit(restore, allow_changes)
         else:
@@ -301,7 +406,8 @@ class Pipeline:
                 raise LifecycleError(
                     f"{what}: this pipeline's stream was started by a handle that is now "
                     f"closed; another would repeat its data from {where}. Continue with "
-                    f"restore=pipe.checkpoint(), or call load_state_dict() first")
+                    f"restore=pipe.checkpoint(), or call load_state_dict() first"
+                )
             start = self._restore
         return start
 
@@ -311,14 +417,15 @@ class Pipeline:
         if isinstance(live, PipelineIterator):
             return live
         if live is not None:
-            raise LifecycleError("this pipeline is consumed through pipe.dataloader(); "
-                                 "iterate the loader, not the pipeline")
+            raise LifecycleError(
+                "this pipeline is consumed through pipe.dataloader(); "
+                "iterate the loader, not the pipeline"
+            )
         it = PipelineIterator(self, self._next_start(None, (), "iter(pipe)"))
         self._set(_current=it, _restore_used=True)
         return it
 
-    def load_state_dict(self, state: dict[str, Any], *,
-                        allow_changes: Iterable[str] = ()) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, allow_changes: Iterable[str] = ()) -> None:
         """Set the state the next ``iter(pipe)`` / ``pipe.dataloader()`` starts from.
 
         Everything is validated here, before any work (see ``checkpoint/restore.py``).
@@ -340,7 +447,8 @@ class Pipeline:
                 "load_state_dict() must come before iter(pipe) / pipe.dataloader(): this "
                 f"pipeline already has a live {kind}, which would not follow the restore. "
                 "Restore first, pass the state to the handle (pipe.iterate(restore=state), "
-                "pipe.dataloader(restore=state)), or pipe.close() first")
+                "pipe.dataloader(restore=state)), or pipe.close() first"
+            )
         parsed = self._admit(state, allow_changes)
         self._set(_restore=parsed, _restore_used=False, _current=None)
 
@@ -353,8 +461,10 @@ class Pipeline:
         if served is not None:
             raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
         if not self.checkpointing:
-            raise ConfigError("this pipeline was built with checkpointing=False; build it "
-                              "with checkpointing=True to take checkpoints")
+            raise ConfigError(
+                "this pipeline was built with checkpointing=False; build it "
+                "with checkpointing=True to take checkpoints"
+            )
         start = self._restore or initial_state(self.compile(), list(range(self.canonical_replicas)))
         return start.to_dict()
 
@@ -369,8 +479,12 @@ class Pipeline:
         topo = self.topology()
         mine = rank_lanes(self.canonical_replicas, topo.dp_size, topo.dp_rank, full.position)
         full.lanes = {lane: full.lanes[lane] for lane in mine}
-        return {"rank": topo.rank, "dp_rank": topo.dp_rank, "dp_size": topo.dp_size,
-                "state": full.to_dict()}
+        return {
+            "rank": topo.rank,
+            "dp_rank": topo.dp_rank,
+            "dp_size": topo.dp_size,
+            "state": full.to_dict(),
+        }
 
     def stats(self) -> dict[str, Any]:
         """The current handle's live counters."""
@@ -384,8 +498,10 @@ class Pipeline:
         """Restored inflight chunks replayed by the current iterator's lanes."""
         cur = self._current
         if not isinstance(cur, PipelineIterator):
-            raise LifecycleError("chunks_replayed is known for an iterator of this process "
-                                 "(iter(pipe) or pipe.iterate()), not before or for a loader")
+            raise LifecycleError(
+                "chunks_replayed is known for an iterator of this process "
+                "(iter(pipe) or pipe.iterate()), not before or for a loader"
+            )
         return cur.chunks_replayed
 
     def close(self) -> None:
@@ -427,19 +543,31 @@ class Pipeline:
     def _aggregator_for(self, topology: Topology) -> Any:
         from ..distributed.aggregate import Aggregator
 
-        return Aggregator.create(topology, self.aggregate_dir, self.aggregate_store,
-                                 self.aggregate_timeout_s, self.canonical_replicas)
+        return Aggregator.create(
+            topology,
+            self.aggregate_dir,
+            self.aggregate_store,
+            self.aggregate_timeout_s,
+            self.canonical_replicas,
+        )
 
 
 def _checked_options(o: dict[str, Any]) -> dict[str, Any]:
     if o["aggregate_dir"] is not None and o["aggregate_store"] is not None:
         raise ConfigError("pass aggregate_dir or aggregate_store, not both")
-    return {**o, "prefetch": int_arg("prefetch", o["prefetch"], minimum=0),
-            "queue_size": int_arg("queue_size", o["queue_size"], minimum=1),
-            "aggregate_dir": os.fspath(o["aggregate_dir"])
-            if o["aggregate_dir"] is not None else None,
-            "aggregate_timeout_s": number_arg("aggregate_timeout_s", o["aggregate_timeout_s"],
-                                              positive=True),
-            "stall_timeout_s": number_arg("stall_timeout_s", o["stall_timeout_s"],
-                                          positive=True, allow_none=True,
-                                          hint=" (None disables the watchdog)")}
+    return {
+        **o,
+        "prefetch": int_arg("prefetch", o["prefetch"], minimum=0),
+        "queue_size": int_arg("queue_size", o["queue_size"], minimum=1),
+        "aggregate_dir": os.fspath(o["aggregate_dir"]) if o["aggregate_dir"] is not None else None,
+        "aggregate_timeout_s": number_arg(
+            "aggregate_timeout_s", o["aggregate_timeout_s"], positive=True
+        ),
+        "stall_timeout_s": number_arg(
+            "stall_timeout_s",
+            o["stall_timeout_s"],
+            positive=True,
+            allow_none=True,
+            hint=" (None disables the watchdog)",
+        ),
+    }

@@ -41,8 +41,9 @@ def _install(stages: dict[int, tuple[Operator, ...]]) -> None:
     _STAGES.update(stages)
 
 
-def _run_job(stage: int, lane: int, records: list[Record]
-             ) -> tuple[list[Record], list[Record], list[OpStats]]:
+def _run_job(
+    stage: int, lane: int, records: list[Record]
+) -> tuple[list[Record], list[Record], list[OpStats]]:
     ops = _STAGES[stage]
     stats = [OpStats() for _ in ops]  # this job's counts, added to the run's by collect()
     tombs: list[Record] = []
@@ -68,17 +69,21 @@ def check_shippable(op: Operator) -> None:
         raise ConfigError(
             f"operator {op.name!r} runs on worker processes but cannot be sent to them "
             f"({type(e).__name__}: {e}); define its function at module level (lambdas and "
-            "closures do not pickle) or use runner='threads'") from e
+            "closures do not pickle) or use runner='threads'"
+        ) from e
 
 
 def _deaths(codes: set[int]) -> str:
     """How workers ended, the likely first death first: once one dies, the pool ends the
     others (SIGTERM, or exit code 255 when their queue breaks)."""
+
     def describe(c: int) -> str:
         if c > 0:
             return f"exited with code {c}"
-        return f"was killed by signal {-c}" + (" (out of memory? an external kill?)"
-                                               if c == -9 else "")
+        return f"was killed by signal {-c}" + (
+            " (out of memory? an external kill?)" if c == -9 else ""
+        )
+
     aftermath = {-15, 255}
     ordered = sorted(codes, key=lambda c: (c in aftermath, c < 0, c))
     return "; ".join(describe(c) for c in ordered)
@@ -113,8 +118,9 @@ class StagePool:
                 ctx.set_forkserver_preload(["zephon_core"])
             else:
                 ctx = mp.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self._cap, mp_context=ctx, initializer=_install,
-                                             initargs=(self._shipped,))
+            self._pool = ProcessPoolExecutor(
+                self._cap, mp_context=ctx, initializer=_install, initargs=(self._shipped,)
+            )
         return self._pool
 
     def _failed(self, stage: int, e: BaseException) -> PipelineError:
@@ -125,15 +131,21 @@ class StagePool:
                 p.join(max(0.0, deadline - time.monotonic()))
             codes = {p.exitcode for p in list(self._workers.values()) if p.exitcode is not None}
             how = _deaths(codes) if codes else "died or could not start"
-            why = (f"{how}: functions run there must be importable (defined in a module "
-                   "file, not a notebook cell; scripts need an `if __name__ == '__main__':` "
-                   "guard) and must not exit the process; the run cannot continue, restore "
-                   "from a checkpoint")
+            why = (
+                f"{how}: functions run there must be importable (defined in a module "
+                "file, not a notebook cell; scripts need an `if __name__ == '__main__':` "
+                "guard) and must not exit the process; the run cannot continue, restore "
+                "from a checkpoint"
+            )
         else:
-            why = f"could not exchange a microbatch ({type(e).__name__}: {e}); " \
-                  "records and results must pickle"
-        return PipelineError(f"a worker process of the runner='processes' stage ({names}) {why}",
-                             operator=self.ops[stage][0].name)
+            why = (
+                f"could not exchange a microbatch ({type(e).__name__}: {e}); "
+                "records and results must pickle"
+            )
+        return PipelineError(
+            f"a worker process of the runner='processes' stage ({names}) {why}",
+            operator=self.ops[stage][0].name,
+        )
 
     def submit(self, stage: int, lane: int, records: list[Record]) -> Future:
         try:
@@ -145,8 +157,9 @@ class StagePool:
             self._workers.update(self._pool._processes)
         return fut
 
-    def collect(self, stage: int, future: Future, stats: list[OpStats],
-                timeout: float | None = None) -> tuple[list[Record], list[Record]]:
+    def collect(
+        self, stage: int, future: Future, stats: list[OpStats], timeout: float | None = None
+    ) -> tuple[list[Record], list[Record]]:
         """The job's (outputs, tombstones); its counts are added to ``stats`` (the run's
         counters of the stage's operators)."""
         try:

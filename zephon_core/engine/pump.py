@@ -23,8 +23,14 @@ BACKSTOP = 1.5  # the consumer's wait, in multiples of stall_timeout_s
 
 
 class Pump:
-    def __init__(self, streams: dict[int, LaneStream], order: list[int], prefetch: int,
-                 next_turn: Callable[[], int], stall_timeout_s: float | None = None):
+    def __init__(
+        self,
+        streams: dict[int, LaneStream],
+        order: list[int],
+        prefetch: int,
+        next_turn: Callable[[], int],
+        stall_timeout_s: float | None = None,
+    ):
         self._streams = streams
         self._order = order
         self._prefetch = max(1, prefetch)
@@ -90,8 +96,9 @@ class Pump:
                 if self._error is not None:
                     raise self._error
                 if self._stop:
-                    raise LifecycleError("the pipeline run was closed while waiting for lane "
-                                         f"{lane}'s next output")
+                    raise LifecycleError(
+                        f"the pipeline run was closed while waiting for lane {lane}'s next output"
+                    )
                 left = None if deadline is None else deadline - monotonic()
                 if left is not None and left <= 0:
                     raise self._stalled(lane, timeout)
@@ -109,8 +116,11 @@ class Pump:
             stream = self._streams[working]
             what = f"the pump thread is advancing lane {working}"
             activity = ": " + stream.activity.describe(working)
-        return stalled(f"the consumer waited {BACKSTOP * timeout:g} s for lane {lane}'s next "
-                       f"output; {what}{activity}", timeout)
+        return stalled(
+            f"the consumer waited {BACKSTOP * timeout:g} s for lane {lane}'s next "
+            f"output; {what}{activity}",
+            timeout,
+        )
 
     def queued(self) -> dict[int, int]:
         return {lane: len(q) for lane, q in self._queues.items()}

@@ -47,8 +47,13 @@ log = logging.getLogger(__name__)
 class PipelineRun:
     """Serves this process's lanes; ``turn`` counts the outputs (and exhausted-lane skips)."""
 
-    def __init__(self, plan: Plan, restored: PipelineState | None, topology: Topology,
-                 emit_skips: bool = False):
+    def __init__(
+        self,
+        plan: Plan,
+        restored: PipelineState | None,
+        topology: Topology,
+        emit_skips: bool = False,
+    ):
         self.plan = plan
         self.topology = topology
         validate(plan.num_lanes, topology.dp_size, topology.num_workers)
@@ -62,18 +67,26 @@ class PipelineRun:
             if can_start_processes():
                 self.procs = StagePool(plan)
             else:  # same stream either way; DataLoader workers already run in parallel
-                log.warning("runner='processes' stages run on threads inside a DataLoader "
-                            "worker (daemonic processes cannot start worker processes)")
+                log.warning(
+                    "runner='processes' stages run on threads inside a DataLoader "
+                    "worker (daemonic processes cannot start worker processes)"
+                )
         threaded = ("threads",) if self.procs is not None else ("threads", "processes")
         cap = max((st.cap for st in plan.stages if st.runner in threaded), default=0)
         self.pool = ThreadPoolExecutor(cap, thread_name_prefix="zephon-stage") if cap else None
         self.op_stats = [OpStats() for _ in plan.ops]  # shared by this run's lanes
-        self.streams = {lane: LaneStream(plan, lane,
-                                         restored.lanes[lane] if restored else None, self.pool,
-                                         self.procs, self.op_stats)
-                        for lane in self.order}
-        self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in
-                                               self.streams.items()}
+        self.streams = {
+            lane: LaneStream(
+                plan,
+                lane,
+                restored.lanes[lane] if restored else None,
+                self.pool,
+                self.procs,
+                self.op_stats,
+            )
+            for lane in self.order
+        }
+        self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in self.streams.items()}
         self.shipped: dict[int, int] = {}  # lane -> next chunk id already sent as a delta
         self.pump: Pump | None = None
         self.closed = False
@@ -89,8 +102,13 @@ class PipelineRun:
     def _take(self, lane: int) -> Output:
         if self.plan.prefetch > 0:
             if self.pump is None:
-                self.pump = Pump(self.streams, self.order, self.plan.prefetch,
-                                 lambda: self.turn, self.plan.stall_timeout_s)
+                self.pump = Pump(
+                    self.streams,
+                    self.order,
+                    self.plan.prefetch,
+                    lambda: self.turn,
+                    self.plan.stall_timeout_s,
+                )
             return self.pump.take(lane)
         return next(self.streams[lane].outputs)
 
@@ -168,8 +186,13 @@ class PipelineRun:
 
     def snapshot(self) -> PipelineState:
         """This process's lanes at the global position it reached."""
-        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(),
-                             self.lane_states(), self.plan.content)
+        return PipelineState(
+            self.plan.fingerprint,
+            self.plan.config,
+            self.position(),
+            self.lane_states(),
+            self.plan.content,
+        )
 
     def delta(self, lane: int) -> LaneDelta:
         """What a consumer in another process needs to mirror ``lane`` after its last output."""
@@ -219,8 +242,12 @@ class PipelineRun:
 def initial_state(plan: Plan, lanes: list[int], position: int = 0) -> PipelineState:
     """The state of ``lanes`` before anything was delivered (no run needed)."""
     n_comp = len(plan.source.component_names)
-    states = {lane: LaneState(lane=lane,
-                              source=plan.source.open_lane(lane, plan.num_lanes,
-                                                           plan.seed).state_dict(),
-                              tokens=[0] * n_comp) for lane in lanes}
+    states = {
+        lane: LaneState(
+            lane=lane,
+            source=plan.source.open_lane(lane, plan.num_lanes, plan.seed).state_dict(),
+            tokens=[0] * n_comp,
+        )
+        for lane in lanes
+    }
     return PipelineState(plan.fingerprint, plan.config, position, states, plan.content)

@@ -18,9 +18,11 @@ from .stats import OpStats
 
 def call_failed(op: Operator, lane: int, record: Record | None, e: Exception) -> PipelineError:
     where = f" at cursor {tuple(record.cursor)}" if record is not None else ""
-    return PipelineError(f"operator {op.name!r} failed on lane {lane}{where}: "
-                         f"{type(e).__name__}: {e}", operator=op.name,
-                         cursor=record.cursor if record is not None else None)
+    return PipelineError(
+        f"operator {op.name!r} failed on lane {lane}{where}: {type(e).__name__}: {e}",
+        operator=op.name,
+        cursor=record.cursor if record is not None else None,
+    )
 
 
 def _failing_record(op: Operator, records: list[Record]) -> Record | None:
@@ -36,8 +38,13 @@ def _failing_record(op: Operator, records: list[Record]) -> Record | None:
     return None
 
 
-def run_ops(ops: Sequence[Operator], records: list[Record], lane: int, tombs: list[Record],
-            stats: Sequence[OpStats]) -> list[Record]:
+def run_ops(
+    ops: Sequence[Operator],
+    records: list[Record],
+    lane: int,
+    tombs: list[Record],
+    stats: Sequence[OpStats],
+) -> list[Record]:
     """Push a microbatch through ``ops`` layer by layer; tombstones skip to ``tombs``.
 
     Layer-by-layer equals item-by-item because each operator's output depends

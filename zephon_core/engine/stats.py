@@ -22,6 +22,9 @@ class OpStats:
 
     def as_dict(self) -> dict[str, float]:
         busy = self.seconds
-        return {"records_in": self.records_in, "records_out": self.records_out,
-                "busy_s": round(busy, 6),
-                "records_per_busy_s": round(self.records_in / busy, 1) if busy > 0 else 0.0}
+        return {
+            "records_in": self.records_in,
+            "records_out": self.records_out,
+            "busy_s": round(busy, 6),
+            "records_per_busy_s": round(self.records_in / busy, 1) if busy > 0 else 0.0,
+        }

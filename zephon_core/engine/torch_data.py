@@ -41,8 +41,7 @@ if TYPE_CHECKING:
 class ZephonIterableDataset(IterableDataset):
     """Yields ``(batch, LaneDelta)``; use :class:`ZephonDataLoader` to consume it."""
 
-    def __init__(self, pipeline: Pipeline, topology: Topology,
-                 restore: PipelineState | None):
+    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None):
         self.pipeline = pipeline
         self.topology = topology
         self.restore = restore
@@ -51,8 +50,9 @@ class ZephonIterableDataset(IterableDataset):
         info = get_worker_info()
         topo = self.topology
         if info is not None:
-            topo = Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size,
-                            info.id, info.num_workers)
+            topo = Topology(
+                topo.rank, topo.world_size, topo.dp_rank, topo.dp_size, info.id, info.num_workers
+            )
         # every run gives its lanes fresh operators: nothing carries over from the last one
         run = PipelineRun(self.pipeline.compile(), self.restore, topo, emit_skips=True)
         wire = _to_wire if info is not None else _identity
@@ -77,8 +77,14 @@ class RankConsumer:
     batch its training step consumed.
     """
 
-    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
-                 served: int = 0, max_read_ahead: int = MAX_READ_AHEAD):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        topology: Topology,
+        restore: PipelineState | None,
+        served: int = 0,
+        max_read_ahead: int = MAX_READ_AHEAD,
+    ):
         plan = pipeline.compile()
         self.plan = plan
         self.topology = topology
@@ -90,8 +96,9 @@ class RankConsumer:
         self.undo: deque[tuple[int, LaneState, bool, int]] = deque(maxlen=max_read_ahead)
         initial = restore if restore is not None else initial_state(plan, self.order)
         # the lane states as of the last batch handed out, kept up to date by deltas
-        self.mirrors: dict[int, LaneState] = {lane: initial.lanes[lane].copy()
-                                              for lane in self.order}
+        self.mirrors: dict[int, LaneState] = {
+            lane: initial.lanes[lane].copy() for lane in self.order
+        }
 
     def apply(self, delta: LaneDelta, served: bool = True) -> None:
         # A worker whose lanes all ended stops, and the DataLoader no longer shows its
@@ -102,7 +109,8 @@ class RankConsumer:
             if not self.mirrors[gone].exhausted:
                 raise ContractViolation(
                     f"the DataLoader delivered lane {delta.lane} in the turn of lane {gone}, "
-                    "which has not ended: the workers' round-robin broke")
+                    "which has not ended: the workers' round-robin broke"
+                )
             self.turn += 1
             taken += 1
         mirror = self.mirrors[delta.lane]
@@ -122,22 +130,25 @@ class RankConsumer:
             if served > self.served:
                 raise ConfigError(
                     f"checkpoint(served={served}): the loader handed out only {self.served} "
-                    "batches; pass the number of batches the training loop consumed")
+                    "batches; pass the number of batches the training loop consumed"
+                )
             back = self.served - served
             entries = list(self.undo)
             if back > sum(e[2] for e in entries):
                 raise ConfigError(
                     f"cannot checkpoint after batch {served}: the loader handed out "
                     f"{self.served} batches and remembers the last {self.undo.maxlen} turns "
-                    "only; raise dataloader(max_read_ahead=...)")
+                    "only; raise dataloader(max_read_ahead=...)"
+                )
             for lane, before, was_batch, taken in reversed(entries):
                 if back == 0:
                     break
                 states[lane] = before
                 turn -= taken
                 back -= was_batch
-        return PipelineState(self.plan.fingerprint, self.plan.config, self.position(turn),
-                             states, self.plan.content)
+        return PipelineState(
+            self.plan.fingerprint, self.plan.config, self.position(turn), states, self.plan.content
+        )
 
     def stats(self) -> dict[str, Any]:
         names = self.plan.source.component_names
@@ -146,11 +157,14 @@ class RankConsumer:
             for i, t in enumerate(m.tokens):
                 tokens[i] += t
         total = sum(tokens) or 1
-        return {"outputs": self.served, "position": self.position(),
-                "lanes": list(self.order),
-                "inflight_chunks": {lane: len(m.chunks) for lane, m in self.mirrors.items()},
-                "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
-                "mixture_target": dict(zip(names, self.plan.source.weights))}
+        return {
+            "outputs": self.served,
+            "position": self.position(),
+            "lanes": list(self.order),
+            "inflight_chunks": {lane: len(m.chunks) for lane, m in self.mirrors.items()},
+            "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
+            "mixture_target": dict(zip(names, self.plan.source.weights)),
+        }
 
 
 class ZephonDataLoader(StreamHandle, DataLoader):
@@ -163,19 +177,28 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         state = loader.state_dict()     # the state right after the last batch taken
     """
 
-    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None,
-                 num_workers: int = 0, max_read_ahead: int = MAX_READ_AHEAD, **kwargs: Any):
-        for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn",
-                    "drop_last"):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        topology: Topology,
+        restore: PipelineState | None,
+        num_workers: int = 0,
+        max_read_ahead: int = MAX_READ_AHEAD,
+        **kwargs: Any,
+    ):
+        for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if kwargs.get(bad) not in (None, False):
-                raise ConfigError(f"dataloader({bad}=...): batching, shuffling and collation "
-                                  "happen inside the Zephon pipeline; remove this argument")
+                raise ConfigError(
+                    f"dataloader({bad}=...): batching, shuffling and collation "
+                    "happen inside the Zephon pipeline; remove this argument"
+                )
             kwargs.pop(bad, None)
         if kwargs.get("persistent_workers"):
-            raise ConfigError("persistent_workers=True is not supported: a re-created "
-                              "iterator must restart workers from the consumed state")
-        max_read_ahead = int_arg("max_read_ahead", max_read_ahead, minimum=1,
-                                 where="dataloader")
+            raise ConfigError(
+                "persistent_workers=True is not supported: a re-created "
+                "iterator must restart workers from the consumed state"
+            )
+        max_read_ahead = int_arg("max_read_ahead", max_read_ahead, minimum=1, where="dataloader")
         validate(pipeline.canonical_replicas, topology.dp_size, num_workers)
         self._init_handle(pipeline, topology)
         self.max_read_ahead = max_read_ahead
@@ -183,20 +206,28 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         self._agree = step_agreement(topology, is_finite(pipeline.source))
         self._live: weakref.WeakSet[_LoaderIterator] = weakref.WeakSet()
         dataset = ZephonIterableDataset(pipeline, topology, restore)
-        super().__init__(dataset, batch_size=None, num_workers=num_workers,
-                         collate_fn=_identity, **kwargs)
+        super().__init__(
+            dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs
+        )
 
     def __iter__(self) -> _LoaderIterator:
         if self._closed:
-            raise LifecycleError("this loader was closed; take a new one with "
-                                 "pipe.dataloader(restore=loader.state_dict())")
+            raise LifecycleError(
+                "this loader was closed; take a new one with "
+                "pipe.dataloader(restore=loader.state_dict())"
+            )
         for it in list(self._live):  # one live iterator: the new one continues from here
             it.close()
         consumer = self.consumer
         # a new iterator restarts workers from exactly what was consumed so far
         self.dataset.restore = consumer.snapshot() if consumer.turn else self.dataset.restore
-        self.consumer = RankConsumer(self._pipeline, self._topology, self.dataset.restore,
-                                     served=consumer.served, max_read_ahead=self.max_read_ahead)
+        self.consumer = RankConsumer(
+            self._pipeline,
+            self._topology,
+            self.dataset.restore,
+            served=consumer.served,
+            max_read_ahead=self.max_read_ahead,
+        )
         it = _LoaderIterator(self, super().__iter__())
         self._live.add(it)
         return it
@@ -233,14 +264,18 @@ class _LoaderIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self._failure is not None:
-            raise _failed_earlier("loader iterator", self._failure,
-                                  "iter(loader) restarts from the batches consumed so far"
-                                  ) from self._failure
+            raise _failed_earlier(
+                "loader iterator",
+                self._failure,
+                "iter(loader) restarts from the batches consumed so far",
+            ) from self._failure
         if self._done:
             raise StopIteration
         if self._source is None:
-            raise LifecycleError("this loader iterator was closed; iter(loader) continues "
-                                 "from the batches consumed so far")
+            raise LifecycleError(
+                "this loader iterator was closed; iter(loader) continues "
+                "from the batches consumed so far"
+            )
         try:
             item = self._prepare()
             agree = self._loader._agree
@@ -303,9 +338,14 @@ class _Wire(dict):
 
 
 def _to_wire(payload: Any) -> Any:
-    if isinstance(payload, dict) and payload and all(
+    if (
+        isinstance(payload, dict)
+        and payload
+        and all(
             isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad
-            for v in payload.values()):
+            for v in payload.values()
+        )
+    ):
         return _Wire({k: v.numpy() for k, v in payload.items()})
     return payload
 

@@ -45,8 +45,7 @@ class Activity:
 
     def describe(self, lane: int) -> str:
         at = f" at cursor {tuple(self.cursor)}" if self.cursor is not None else ""
-        return (f"lane {lane} has been in {self.where}{at} for "
-                f"{perf_counter() - self.since:.1f} s")
+        return f"lane {lane} has been in {self.where}{at} for {perf_counter() - self.since:.1f} s"
 
 
 def thread_stacks() -> str:
@@ -54,17 +53,21 @@ def thread_stacks() -> str:
     names = {t.ident: t.name for t in threading.enumerate()}
     parts = []
     for ident, frame in sys._current_frames().items():
-        parts.append(f"--- thread {names.get(ident, ident)} ---\n"
-                     + "".join(traceback.format_stack(frame)))
+        parts.append(
+            f"--- thread {names.get(ident, ident)} ---\n" + "".join(traceback.format_stack(frame))
+        )
     return "\n".join(parts)
 
 
-def stalled(message: str, timeout_s: float, *, operator: str | None = None,
-            cursor: Any = None) -> PipelineStalled:
+def stalled(
+    message: str, timeout_s: float, *, operator: str | None = None, cursor: Any = None
+) -> PipelineStalled:
     """The error for a stall (and one log record with every thread's stack)."""
     log.error("zephon: pipeline stalled: %s\n%s", message, thread_stacks())
     return PipelineStalled(
         f"no progress for stall_timeout_s={timeout_s:g}: {message}. Every thread's stack was "
         "logged (logger zephon_core.engine.watchdog). Raise Pipeline(stall_timeout_s=...) if "
         "this step is just slow, or None to disable the watchdog.",
-        operator=operator, cursor=cursor)
+        operator=operator,
+        cursor=cursor,
+    )

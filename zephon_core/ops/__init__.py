@@ -10,5 +10,16 @@ from .pack import PackOp
 from .shuffle import ShuffleOp
 from .split import SplitOp
 
-__all__ = ["Operator", "OpContext", "OpTraits", "BatchOp", "EnsureMixtureOp", "FetchOp",
-           "FilterOp", "MapOp", "PackOp", "ShuffleOp", "SplitOp"]
+__all__ = [
+    "Operator",
+    "OpContext",
+    "OpTraits",
+    "BatchOp",
+    "EnsureMixtureOp",
+    "FetchOp",
+    "FilterOp",
+    "MapOp",
+    "PackOp",
+    "ShuffleOp",
+    "SplitOp",
+]

@@ -156,14 +156,17 @@ def token_array(op: Operator, record: Record, key: str) -> Any:
     try:
         tokens = record.payload[key]
     except (KeyError, TypeError, IndexError) as e:
-        raise ConfigError(f"{op.name}: payload at cursor {tuple(record.cursor)} has no {key!r} "
-                          "token array; tokenize with map() first") from e
+        raise ConfigError(
+            f"{op.name}: payload at cursor {tuple(record.cursor)} has no {key!r} "
+            "token array; tokenize with map() first"
+        ) from e
     arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
         raise ContractViolation(
             f"operator {op.name!r}: {key!r} at cursor {tuple(record.cursor)} is a "
             f"{arr.ndim}-D {arr.dtype} array of shape {arr.shape}; token ids must be a 1-D "
-            "integer array (np.int32/np.int64): convert them in your map function")
+            "integer array (np.int32/np.int64): convert them in your map function"
+        )
     return tokens
 
 
@@ -174,5 +177,7 @@ def check_tokens(op: Operator, records: list[Record], key: str, joined: Any) -> 
         return
     for r in records:
         token_array(op, r, key)
-    raise ContractViolation(f"operator {op.name!r}: the {key!r} arrays of "
-                            f"{len(records)} records do not concatenate to 1-D integer ids")
+    raise ContractViolation(
+        f"operator {op.name!r}: the {key!r} arrays of "
+        f"{len(records)} records do not concatenate to 1-D integer ids"
+    )

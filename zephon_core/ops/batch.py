@@ -32,14 +32,20 @@ from .pack import PackOp
 class BatchOp(Operator):
     traits = OpTraits(preserves_cursor_order=True, stateless=False, holds_across_flush=True)
 
-    def __init__(self, batch_size: int, drop_last: bool = True, seq_len: int | None = None,
-                 pad_to: str = "max", pad_id: int = 0, key: str = "input_ids",
-                 name: str = "batch"):
+    def __init__(
+        self,
+        batch_size: int,
+        drop_last: bool = True,
+        seq_len: int | None = None,
+        pad_to: str = "max",
+        pad_id: int = 0,
+        key: str = "input_ids",
+        name: str = "batch",
+    ):
         batch_size = int_arg("batch_size", batch_size, minimum=1, where="batch")
         drop_last = bool_arg("drop_last", drop_last, where="batch")
         if pad_to not in ("max", "longest"):
-            raise ConfigError(f"batch(pad_to={pad_to!r}): use 'max' (pad to seq_len) or "
-                              "'longest'")
+            raise ConfigError(f"batch(pad_to={pad_to!r}): use 'max' (pad to seq_len) or 'longest'")
         seq_len = int_arg("seq_len", seq_len, minimum=1, where="batch", allow_none=True)
         pad_id = int_arg("pad_id", pad_id, where="batch")
         self.batch_size = batch_size
@@ -59,6 +65,12 @@ class BatchOp(Operator):
         if self._width is None and self.pad_to == "max":
             packs = [op for op in ctx.upstream if isinstance(op, PackOp)]
             self._width = packs[-1].seq_len if packs else None
+
+    @property
+    def width(self) -> int | None:
+        """Every row's length, when fixed (``seq_len``, or an upstream ``pack``'s with
+        ``pad_to="max"``); None when rows are padded to the batch's longest."""
+        return self._width if self.pad_to == "max" else None
 
     def for_lane(self, lane: int) -> BatchOp:
         new = copy.copy(self)  # cheaper than the default deep copy
@@ -119,7 +131,8 @@ class BatchOp(Operator):
             raise ConfigError(
                 f"batch: a row of {max(lengths)} tokens (batch ending at cursor "
                 f"{tuple(last.cursor)}) exceeds seq_len={width}; add split()/pack() with "
-                "that length or raise seq_len")
+                "that length or raise seq_len"
+            )
         b = len(seqs)
         lens = np.asarray(lengths, dtype=np.int64)
         # one vectorized scatter for the whole batch: each row's tokens are a prefix
@@ -150,14 +163,24 @@ class BatchOp(Operator):
         self.rows += b
         self.total_tokens += b * width
         self.pad_tokens += b * width - n_tokens
-        out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-               "attention_mask": torch.from_numpy(mask)}
+        out = {
+            "input_ids": torch.from_numpy(ids),
+            "labels": torch.from_numpy(labels),
+            "attention_mask": torch.from_numpy(mask),
+        }
         if packed:
             out["position_ids"] = torch.from_numpy(pos)
             out["segment_ids"] = torch.from_numpy(seg)
         return out
 
     def describe(self) -> dict:
-        return {"op": "batch", "name": self.name, "batch_size": self.batch_size,
-                "drop_last": self.drop_last, "seq_len": self.seq_len, "pad_to": self.pad_to,
-                "pad_id": self.pad_id, "key": self.key}
+        return {
+            "op": "batch",
+            "name": self.name,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "seq_len": self.seq_len,
+            "pad_to": self.pad_to,
+            "pad_id": self.pad_id,
+            "key": self.key,
+        }

@@ -22,8 +22,13 @@ from .base import OpContext, Operator, OpTraits
 class EnsureMixtureOp(Operator):
     traits = OpTraits(preserves_cursor_order=False, stateless=False)
 
-    def __init__(self, weights: Mapping[str, float] | Sequence[float] | None = None,
-                 window: int = 16, key: str = "input_ids", name: str = "ensure_mixture"):
+    def __init__(
+        self,
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        window: int = 16,
+        key: str = "input_ids",
+        name: str = "ensure_mixture",
+    ):
         window = int_arg("window", window, minimum=1, where="ensure_mixture")
         self.user_weights = weights
         self.window = window
@@ -52,8 +57,11 @@ class EnsureMixtureOp(Operator):
     def _resolve(self, ctx: OpContext) -> tuple[float, ...]:
         names = ctx.component_names
         w = self.user_weights
-        raw = list(ctx.weights) if w is None else weight_vector(
-            w, names, "ensure_mixture", missing_is_zero=True)
+        raw = (
+            list(ctx.weights)
+            if w is None
+            else weight_vector(w, names, "ensure_mixture", missing_is_zero=True)
+        )
         s = sum(raw)
         return tuple(x / s for x in raw)
 
@@ -101,5 +109,10 @@ class EnsureMixtureOp(Operator):
             w = {str(k): float(v) for k, v in w.items()}
         elif w is not None:
             w = [float(x) for x in w]
-        return {"op": "ensure_mixture", "name": self.name, "weights": w,
-                "window": self.window, "key": self.key}
+        return {
+            "op": "ensure_mixture",
+            "name": self.name,
+            "weights": w,
+            "window": self.window,
+            "key": self.key,
+        }

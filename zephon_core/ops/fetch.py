@@ -39,7 +39,8 @@ class FetchOp(Operator):
                 raise ContractViolation(
                     f"fetch: dataset {self._name(component)!r} returned {len(rows)} rows for "
                     f"the {len(wanted)} requested ({wanted[:8]}...); a batched read must return "
-                    "one row per index, in order")
+                    "one row per index, in order"
+                )
             for i, row in zip(idxs, rows):
                 out[i] = records[i].with_payload(row)
         return out
@@ -60,7 +61,10 @@ class FetchOp(Operator):
         return PipelineError(
             f"fetch: reading row {culprit.payload[1]} of dataset {self._name(component)!r} "
             f"failed on lane {culprit.cursor.lane} at cursor {tuple(culprit.cursor)}: "
-            f"{type(e).__name__}: {e}", operator=self.name, cursor=culprit.cursor)
+            f"{type(e).__name__}: {e}",
+            operator=self.name,
+            cursor=culprit.cursor,
+        )
 
     def describe(self) -> dict:
         return {"op": "fetch", "name": self.name}

@@ -18,8 +18,14 @@ class FilterOp(Operator):
 
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
-    def __init__(self, predicate: Callable[[Any], bool], parallelism: int = 1,
-                 name: str | None = None, runner: str = "threads", version: str | None = None):
+    def __init__(
+        self,
+        predicate: Callable[[Any], bool],
+        parallelism: int = 1,
+        name: str | None = None,
+        runner: str = "threads",
+        version: str | None = None,
+    ):
         self.predicate = predicate
         self.version = version
         self.parallelism = parallelism

@@ -20,8 +20,15 @@ class MapOp(Operator):
 
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
-    def __init__(self, fn: Callable[[Any], Any], parallelism: int = 1, name: str | None = None,
-                 batched: bool = False, runner: str = "threads", version: str | None = None):
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        parallelism: int = 1,
+        name: str | None = None,
+        batched: bool = False,
+        runner: str = "threads",
+        version: str | None = None,
+    ):
         self.fn = fn
         self.version = version
         self.parallelism = parallelism
@@ -42,12 +49,17 @@ class MapOp(Operator):
         if len(payloads) != len(records):
             raise ContractViolation(
                 f"batched map {self.name!r} returned {len(payloads)} payloads for "
-                f"{len(records)} inputs; a map is 1:1 (use filter to drop records)")
+                f"{len(records)} inputs; a map is 1:1 (use filter to drop records)"
+            )
         return [r.with_payload(p) for r, p in zip(records, payloads)]
 
     def describe(self) -> dict:
-        return {"op": "map", "name": self.name, "fn": callable_name(self.fn),
-                "batched": self.batched}
+        return {
+            "op": "map",
+            "name": self.name,
+            "fn": callable_name(self.fn),
+            "batched": self.batched,
+        }
 
     def content_fingerprint(self) -> str:
         return function_fingerprint(self.fn, self.version)

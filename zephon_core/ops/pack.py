@@ -38,8 +38,14 @@ class _Bin:
 class PackOp(Operator):
     traits = OpTraits(preserves_cursor_order=False, stateless=False)
 
-    def __init__(self, seq_len: int, bins: int = 8, key: str = "input_ids",
-                 strategy: str = "first_fit", name: str = "pack"):
+    def __init__(
+        self,
+        seq_len: int,
+        bins: int = 8,
+        key: str = "input_ids",
+        strategy: str = "first_fit",
+        name: str = "pack",
+    ):
         seq_len = int_arg("seq_len", seq_len, minimum=1, where="pack")
         bins = int_arg("bins", bins, minimum=1, where="pack")
         if strategy != "first_fit":
@@ -61,14 +67,18 @@ class PackOp(Operator):
         parts = b.parts
         key = self.key
         try:
-            tokens = np.concatenate([p.payload[key] for p in parts]) if len(parts) > 1 \
+            tokens = (
+                np.concatenate([p.payload[key] for p in parts])
+                if len(parts) > 1
                 else np.asarray(parts[0].payload[key])
+            )
         except ValueError:  # arrays of different dimensions
             tokens = np.zeros((0, 0))
         if tokens.dtype.kind not in "iu" or tokens.ndim != 1:  # one check per emitted bin
             check_tokens(self, parts, key, tokens)
-        lengths = np.fromiter((len(p.payload[key]) for p in parts), dtype=np.int32,
-                              count=len(parts))
+        lengths = np.fromiter(
+            (len(p.payload[key]) for p in parts), dtype=np.int32, count=len(parts)
+        )
         contributors = []
         for p in parts:
             for c in p.contributors:
@@ -81,13 +91,17 @@ class PackOp(Operator):
         try:
             n = len(record.payload[self.key])  # ids are checked once per emitted bin
         except (KeyError, TypeError, IndexError) as e:
-            raise ConfigError(f"pack: payload at cursor {tuple(record.cursor)} has no "
-                              f"{self.key!r} token array; tokenize with map() first") from e
+            raise ConfigError(
+                f"pack: payload at cursor {tuple(record.cursor)} has no "
+                f"{self.key!r} token array; tokenize with map() first"
+            ) from e
         seq_len = self.seq_len
         if n > seq_len:
-            raise ConfigError(f"pack: fragment of {n} tokens at cursor {tuple(record.cursor)} "
-                              f"exceeds seq_len={seq_len}; add split(max_len={seq_len}) "
-                              "before pack()")
+            raise ConfigError(
+                f"pack: fragment of {n} tokens at cursor {tuple(record.cursor)} "
+                f"exceeds seq_len={seq_len}; add split(max_len={seq_len}) "
+                "before pack()"
+            )
         if n == 0:
             return [record.to_tombstone()]
         bins = self._open
@@ -109,5 +123,11 @@ class PackOp(Operator):
         return [self._emit(b) for b in self._open if b.parts]
 
     def describe(self) -> dict:
-        return {"op": "pack", "name": self.name, "seq_len": self.seq_len, "bins": self.bins,
-                "key": self.key, "strategy": self.strategy}
+        return {
+            "op": "pack",
+            "name": self.name,
+            "seq_len": self.seq_len,
+            "bins": self.bins,
+            "key": self.key,
+            "strategy": self.strategy,
+        }

@@ -19,8 +19,9 @@ class SplitOp(Operator):
 
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
-    def __init__(self, max_len: int, key: str = "input_ids", parallelism: int = 1,
-                 name: str = "split"):
+    def __init__(
+        self, max_len: int, key: str = "input_ids", parallelism: int = 1, name: str = "split"
+    ):
         max_len = int_arg("max_len", max_len, minimum=1, where="split")
         self.max_len = max_len
         self.key = key
@@ -33,7 +34,8 @@ class SplitOp(Operator):
         if len(record.contributors) != 1 or record.cursor.child != 0:
             raise ConfigError(
                 f"split: record {tuple(record.cursor)} is already a fragment or a merged "
-                "record; put split() before pack() and use it once")
+                "record; put split() before pack() and use it once"
+            )
         c = record.contributors[0]
         n = len(tokens)
         max_len = self.max_len
@@ -41,9 +43,11 @@ class SplitOp(Operator):
             return [Record(payload, record.cursor, [c._replace(n_tokens=n)])]
         cur = record.cursor
         last = (n - 1) // max_len
-        sliced = [k for k, v in payload.items()
-                  if k != self.key and hasattr(v, "__len__") and hasattr(v, "shape")
-                  and len(v) == n]
+        sliced = [
+            k
+            for k, v in payload.items()
+            if k != self.key and hasattr(v, "__len__") and hasattr(v, "shape") and len(v) == n
+        ]
         out = []
         for i in range(last + 1):
             lo, hi = i * max_len, min(n, (i + 1) * max_len)
@@ -51,9 +55,13 @@ class SplitOp(Operator):
             child[self.key] = tokens[lo:hi]
             for k in sliced:
                 child[k] = payload[k][lo:hi]
-            out.append(Record(child, SampleCursor(cur.lane, cur.chunk_id, cur.offset, i),
-                              [Contributor(c.chunk_id, c.offset, i, i == last, c.component,
-                                           hi - lo)]))
+            out.append(
+                Record(
+                    child,
+                    SampleCursor(cur.lane, cur.chunk_id, cur.offset, i),
+                    [Contributor(c.chunk_id, c.offset, i, i == last, c.component, hi - lo)],
+                )
+            )
         return out
 
     def describe(self) -> dict:

@@ -119,8 +119,7 @@ class StaticMixtureWorkSource:
         self.chunk_size = int_arg("chunk_size", chunk_size, minimum=1, where=where)
         self.seed = int_arg("seed", seed, where=where)
         self.shuffle = bool_arg("shuffle", shuffle, where=where)
-        self.num_epochs = int_arg("num_epochs", num_epochs, minimum=1, allow_none=True,
-                                  where=where)
+        self.num_epochs = int_arg("num_epochs", num_epochs, minimum=1, allow_none=True, where=where)
         self._getitems = [getattr(d, "__getitems__", None) for d in dss]
 
     def _weight_list(self, weights: Mapping[str, float] | Sequence[float] | None) -> list[float]:
@@ -151,30 +150,40 @@ class StaticMixtureWorkSource:
         Computed when a pipeline compiles, not cached: a dataset edited in place between
         two runs of one process must show up."""
         out = {}
-        for d, (name, ds, n) in enumerate(zip(self.component_names, self._datasets,
-                                              self.lengths, strict=True)):
+        for d, (name, ds, n) in enumerate(
+            zip(self.component_names, self._datasets, self.lengths, strict=True)
+        ):
             try:
-                out[name] = component_fingerprint(ds, lambda rows, d=d: self.read(d, rows), n,
-                                                  derive_seed(self.seed, d))
+                out[name] = component_fingerprint(
+                    ds, lambda rows, d=d: self.read(d, rows), n, derive_seed(self.seed, d)
+                )
             except Exception as e:  # noqa: BLE001 - a read failed: name the dataset
-                raise PipelineError(f"reading dataset {name!r} for its content fingerprint "
-                                    f"failed: {type(e).__name__}: {e}",
-                                    operator="fingerprint") from e
+                raise PipelineError(
+                    f"reading dataset {name!r} for its content fingerprint "
+                    f"failed: {type(e).__name__}: {e}",
+                    operator="fingerprint",
+                ) from e
         return out
 
     def check_chunk(self, chunk: WorkChunk) -> None:
         """Raise ``CorruptCheckpoint`` unless a restored chunk fits these datasets."""
         n_ds = len(self.lengths)
         if len(chunk) > self.chunk_size:
-            raise CorruptCheckpoint(f"lane {chunk.lane} chunk {chunk.chunk_id}: {len(chunk)} "
-                                    f"pointers, more than chunk_size={self.chunk_size}")
+            raise CorruptCheckpoint(
+                f"lane {chunk.lane} chunk {chunk.chunk_id}: {len(chunk)} "
+                f"pointers, more than chunk_size={self.chunk_size}"
+            )
         for d, r in zip(chunk.components, chunk.rows, strict=True):
             if d >= n_ds or r >= self.lengths[d]:
-                what = (f"dataset {d} of {n_ds}" if d >= n_ds else
-                        f"row {r} of dataset {self.component_names[d]!r} "
-                        f"({self.lengths[d]} rows)")
-                raise CorruptCheckpoint(f"lane {chunk.lane} chunk {chunk.chunk_id} points at "
-                                        f"{what}, which does not exist")
+                what = (
+                    f"dataset {d} of {n_ds}"
+                    if d >= n_ds
+                    else f"row {r} of dataset {self.component_names[d]!r} ({self.lengths[d]} rows)"
+                )
+                raise CorruptCheckpoint(
+                    f"lane {chunk.lane} chunk {chunk.chunk_id} points at "
+                    f"{what}, which does not exist"
+                )
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description of everything that determines the chunk sequence."""

@@ -2,14 +2,22 @@
 
 from .ranks import SimulatedRanks
 from .resume import (
-                     ResumeMismatch,
-                     ResumeReport,
-                     assert_resume_equivalent,
-                     assert_streams_equal,
-                     first_difference,
-                     reseed_globals,
-                     take,
+    ResumeMismatch,
+    ResumeReport,
+    assert_resume_equivalent,
+    assert_streams_equal,
+    first_difference,
+    reseed_globals,
+    take,
 )
 
-__all__ = ["SimulatedRanks", "assert_resume_equivalent", "assert_streams_equal", "first_difference",
-           "reseed_globals", "take", "ResumeMismatch", "ResumeReport"]
+__all__ = [
+    "SimulatedRanks",
+    "assert_resume_equivalent",
+    "assert_streams_equal",
+    "first_difference",
+    "reseed_globals",
+    "take",
+    "ResumeMismatch",
+    "ResumeReport",
+]

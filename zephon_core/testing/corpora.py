@@ -42,5 +42,6 @@ def byte_tokens(payload: dict):
     """Byte-level tokenization (int32 ids 0..255): the benchmark's tokenizer."""
     import numpy as np
 
-    return {"input_ids": np.frombuffer(payload["text"].encode("utf-8"), dtype=np.uint8)
-            .astype(np.int32)}
+    return {
+        "input_ids": np.frombuffer(payload["text"].encode("utf-8"), dtype=np.uint8).astype(np.int32)
+    }

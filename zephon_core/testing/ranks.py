@@ -40,9 +40,16 @@ class SimulatedRanks:
         loader_kwargs: more ``dataloader()`` arguments.
     """
 
-    def __init__(self, build_fn: Callable[[], Any], dp_size: int,
-                 num_workers: int | list[int] = 0, state: dict | None = None, *,
-                 mp: int = 1, loader_kwargs: dict | None = None):
+    def __init__(
+        self,
+        build_fn: Callable[[], Any],
+        dp_size: int,
+        num_workers: int | list[int] = 0,
+        state: dict | None = None,
+        *,
+        mp: int = 1,
+        loader_kwargs: dict | None = None,
+    ):
         self.dp_size, self.mp = dp_size, mp
         world = dp_size * mp
         workers = num_workers if isinstance(num_workers, list) else [num_workers] * world
@@ -53,11 +60,16 @@ class SimulatedRanks:
             for rank in range(world):
                 pipe = build_fn()
                 if world > 1:
-                    pipe = pipe.bind(rank=rank, world_size=world, dp_rank=rank // mp,
-                                     dp_size=dp_size)
-                handle = (pipe.dataloader(num_workers=workers[rank], restore=state,
-                                          **(loader_kwargs or {}))
-                          if workers[rank] else pipe.iterate(restore=state))
+                    pipe = pipe.bind(
+                        rank=rank, world_size=world, dp_rank=rank // mp, dp_size=dp_size
+                    )
+                handle = (
+                    pipe.dataloader(
+                        num_workers=workers[rank], restore=state, **(loader_kwargs or {})
+                    )
+                    if workers[rank]
+                    else pipe.iterate(restore=state)
+                )
                 self.handles.append(handle)
                 self.iters.append(iter(handle))
         except BaseException:

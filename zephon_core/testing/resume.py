@@ -44,8 +44,9 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{path}: {type(a).__name__} vs {type(b).__name__}"
         if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
-            return (f"{path}: tensors differ ({a.dtype}{tuple(a.shape)} vs "
-                    f"{b.dtype}{tuple(b.shape)})")
+            return (
+                f"{path}: tensors differ ({a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)})"
+            )
         return None
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
@@ -88,11 +89,17 @@ def reseed_globals(salt: int) -> None:
     torch.manual_seed(0xBAD5EED ^ salt)
 
 
-def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[int],
-                             total: int | None = None, *, num_workers: int = 0,
-                             dp_size: int = 1, resume_num_workers: int | None = None,
-                             resume_dp_size: int | None = None,
-                             through_bytes: bool = True) -> ResumeReport:
+def assert_resume_equivalent(
+    build_fn: Callable[[], Any],
+    cut_points: Iterable[int],
+    total: int | None = None,
+    *,
+    num_workers: int = 0,
+    dp_size: int = 1,
+    resume_num_workers: int | None = None,
+    resume_dp_size: int | None = None,
+    through_bytes: bool = True,
+) -> ResumeReport:
     """Check that cutting at each of ``cut_points`` and resuming changes nothing.
 
     Besides the streams, it checks that a restored pipeline reports exactly the
@@ -138,14 +145,19 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
             reference = whole.take(total)
         finally:
             whole.close()
-        assert_streams_equal(single[:len(reference)], reference,
-                             f"{dp_size} ranks, uninterrupted (a prefix of one process)")
+        assert_streams_equal(
+            single[: len(reference)],
+            reference,
+            f"{dp_size} ranks, uninterrupted (a prefix of one process)",
+        )
     report = ResumeReport(total=len(reference))
     for cut in cut_points:
         cut = min(cut, len(reference))
         if cut % dp_size or cut % rd:
-            raise ValueError(f"cut point {cut} is not a multiple of dp_size {dp_size}/{rd}: "
-                             "ranks checkpoint at the same step")
+            raise ValueError(
+                f"cut point {cut} is not a multiple of dp_size {dp_size}/{rd}: "
+                "ranks checkpoint at the same step"
+            )
         first = SimulatedRanks(build_fn, dp_size, num_workers)
         try:
             head = first.take(cut)
@@ -162,18 +174,22 @@ def assert_resume_equivalent(build_fn: Callable[[], Any], cut_points: Iterable[i
             again = second.checkpoint()
             d = first_difference(state, again)
             if d is not None:
-                raise ResumeMismatch(f"cut {cut}: restored pipeline reports a different state "
-                                     f"than it was given: {d}")
+                raise ResumeMismatch(
+                    f"cut {cut}: restored pipeline reports a different state than it was given: {d}"
+                )
             tail = second.take(len(reference) - cut)
             replayed = second.chunks_replayed
         finally:
             second.close()
         if rd == dp_size or rd == 1:
-            expected = reference[cut:] if rd == dp_size else single[cut:len(reference)]
+            expected = reference[cut:] if rd == dp_size else single[cut : len(reference)]
             assert_streams_equal(expected, tail, f"cut {cut}: resumed stream")
         else:  # other ranks may end a finite stream elsewhere, but never differently
-            assert_streams_equal(single[cut:cut + len(tail)], tail,
-                                 f"cut {cut}: resumed stream (dp {dp_size} -> {rd})")
+            assert_streams_equal(
+                single[cut : cut + len(tail)],
+                tail,
+                f"cut {cut}: resumed stream (dp {dp_size} -> {rd})",
+            )
         report.cuts.append(cut)
         report.chunks_replayed.append(replayed)
         report.checkpoint_bytes.append(len(data))

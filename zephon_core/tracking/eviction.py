@@ -84,8 +84,9 @@ class LaneTracker:
                 out += [(cid, i) for i, closed in enumerate(p.closed) if not closed]
         return out
 
-    def deliver(self, contributors: list[Contributor], cursor: SampleCursor,
-                digest: object = None) -> Delivery:
+    def deliver(
+        self, contributors: list[Contributor], cursor: SampleCursor, digest: object = None
+    ) -> Delivery:
         """Account one output and return the lane state right after it."""
         self.close(contributors, self.tokens)
         self.cursor = cursor
@@ -102,8 +103,9 @@ class LaneTracker:
         self.progress.clear()
         self.boundaries.clear()
         self.floor = next_chunk_id
-        return Delivery(self.floor, self.cursor, self.delivered, True, tuple(self.tokens),
-                        self.digest)
+        return Delivery(
+            self.floor, self.cursor, self.delivered, True, tuple(self.tokens), self.digest
+        )
 
     def _evict_epochs(self) -> None:
         cursor_chunk = self.cursor.chunk_id if self.cursor is not None else -1

@@ -32,8 +32,9 @@ class LaneLedger:
         self._source_state = state.source
         self.next_chunk_id = state.next_chunk
 
-    def register(self, chunk: WorkChunk, source_state: dict[str, Any],
-                 boundary_after: bool) -> None:
+    def register(
+        self, chunk: WorkChunk, source_state: dict[str, Any], boundary_after: bool
+    ) -> None:
         with self._lock:
             self._chunks.append(chunk)
             self._source_state = source_state
@@ -58,23 +59,32 @@ class LaneLedger:
         """The lane's state right after the output that produced ``d``: inflight chunks,
         boundaries incl. the trailing one, the source state after the last chunk."""
         with self._lock:
-            return LaneState(lane=self.lane, floor=d.floor,
-                             next_chunk=max(self.next_chunk_id, d.floor),
-                             chunks=[c for c in self._chunks if c.chunk_id >= d.floor],
-                             boundaries=[b for b in self._boundaries if b > d.floor],
-                             source=self._source_state, cursor=d.cursor,
-                             delivered=d.delivered, exhausted=d.exhausted,
-                             tokens=list(d.tokens), digest=resolve(d.digest))
+            return LaneState(
+                lane=self.lane,
+                floor=d.floor,
+                next_chunk=max(self.next_chunk_id, d.floor),
+                chunks=[c for c in self._chunks if c.chunk_id >= d.floor],
+                boundaries=[b for b in self._boundaries if b > d.floor],
+                source=self._source_state,
+                cursor=d.cursor,
+                delivered=d.delivered,
+                exhausted=d.exhausted,
+                tokens=list(d.tokens),
+                digest=resolve(d.digest),
+            )
 
     def delta(self, d: Delivery, since: int) -> LaneDelta:
         """What a consumer that holds the chunks below ``since`` needs after ``d``."""
         first = max(d.floor, since)
         with self._lock:
-            return LaneDelta(lane=self.lane, delivery=d._replace(digest=resolve(d.digest)),
-                             new_chunks=tuple(c for c in self._chunks if c.chunk_id >= first),
-                             boundaries=tuple(b for b in self._boundaries if b > d.floor),
-                             source=self._source_state,
-                             next_chunk=max(self.next_chunk_id, d.floor))
+            return LaneDelta(
+                lane=self.lane,
+                delivery=d._replace(digest=resolve(d.digest)),
+                new_chunks=tuple(c for c in self._chunks if c.chunk_id >= first),
+                boundaries=tuple(b for b in self._boundaries if b > d.floor),
+                source=self._source_state,
+                next_chunk=max(self.next_chunk_id, d.floor),
+            )
 
     def __len__(self) -> int:
         return len(self._chunks)

@@ -14,8 +14,10 @@ def __getattr__(name: str):
     # lazy: importing transformers costs seconds and is not needed for datasets alone
     if name == "ZephonCallback":
         from .callback import ZephonCallback
+
         return ZephonCallback
     if name == "ZephonTrainer":
         from .trainer import ZephonTrainer
+
         return ZephonTrainer
     raise AttributeError(name)

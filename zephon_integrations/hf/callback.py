@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 from zephon_core.distributed.topology import validate
-from zephon_core.ops import BatchOp, PackOp
+from zephon_core.ops import BatchOp
 
 from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
 from .rows import Feed, ZephonRows
@@ -74,8 +74,13 @@ class ZephonCallback(TrainerCallback):
             one given to ``train(resume_from_checkpoint=...)`` nor in ``output_dir``.
     """
 
-    def __init__(self, pipeline: Pipeline | Callable[[], Pipeline], *,
-                 num_workers: int | None = None, resume_from: str | None = None):
+    def __init__(
+        self,
+        pipeline: Pipeline | Callable[[], Pipeline],
+        *,
+        num_workers: int | None = None,
+        resume_from: str | None = None,
+    ):
         self._factory = pipeline
         self.num_workers = num_workers
         self.resume_from = resume_from
@@ -93,43 +98,62 @@ class ZephonCallback(TrainerCallback):
         if args.max_steps is None or args.max_steps <= 0:
             raise ConfigError("a Zephon stream has no length: set TrainingArguments(max_steps=...)")
         if args.auto_find_batch_size:
-            raise ConfigError("auto_find_batch_size changes the batch size; Zephon's is fixed by "
-                              "the pipeline's batch(): set auto_find_batch_size=False")
+            raise ConfigError(
+                "auto_find_batch_size changes the batch size; Zephon's is fixed by "
+                "the pipeline's batch(): set auto_find_batch_size=False"
+            )
         args.ignore_data_skip = True  # never read and throw away batches on resume
         if args.dataloader_num_workers:
             if self.num_workers is None:
                 self.num_workers = args.dataloader_num_workers
-            log.info("ZephonCallback: %d DataLoader workers run inside Zephon's loader",
-                     args.dataloader_num_workers)
+            log.info(
+                "ZephonCallback: %d DataLoader workers run inside Zephon's loader",
+                args.dataloader_num_workers,
+            )
             args.dataloader_num_workers = 0
             args.dataloader_prefetch_factor = None
             args.dataloader_persistent_workers = False
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any
+    ) -> None:
         if not args.ignore_data_skip or args.dataloader_num_workers:
-            raise ConfigError("ZephonCallback must be given to Trainer(callbacks=[...]) at "
-                              "construction (not add_callback) so it can set ignore_data_skip "
-                              "and take over dataloader_num_workers before the loader is built")
+            raise ConfigError(
+                "ZephonCallback must be given to Trainer(callbacks=[...]) at "
+                "construction (not add_callback) so it can set ignore_data_skip "
+                "and take over dataloader_num_workers before the loader is built"
+            )
         # Everything that can fail is checked on every rank, also ranks that read nothing:
         # a rank failing alone would leave the others blocked in a collective.
         pipe = Pipeline.for_rank(self._factory, 0, 1)
         if not pipe.checkpointing:
-            raise ConfigError("the pipeline was built with checkpointing=False; ZephonCallback "
-                              "needs checkpointing=True to save the data position")
+            raise ConfigError(
+                "the pipeline was built with checkpointing=False; ZephonCallback "
+                "needs checkpointing=True to save the data position"
+            )
         rows = _rows_per_output(pipe, args.train_batch_size)
-        layout = _read_layout(train_dataloader, self.train_dataset, args.train_batch_size,
-                              batched=rows > 1)
-        dispatches_several = (layout.num_processes > 1 and not layout.own_lanes
-                              and layout.rows_per_micro_step > args.train_batch_size)
+        layout = _read_layout(
+            train_dataloader, self.train_dataset, args.train_batch_size, batched=rows > 1
+        )
+        dispatches_several = (
+            layout.num_processes > 1
+            and not layout.own_lanes
+            and layout.rows_per_micro_step > args.train_batch_size
+        )
         if rows > 1 and dispatches_several and not _fixed_shape(pipe):
-            raise ConfigError("accelerate's dispatcher concatenates one batch per process, so "
-                              "batch shapes must not vary: use pack() or batch(seq_len=...), "
-                              "or accelerator_config={'dispatch_batches': False}, or "
-                              "ZephonTrainer")
+            raise ConfigError(
+                "accelerate's dispatcher concatenates one batch per process, so "
+                "batch shapes must not vary: use pack() or batch(seq_len=...), "
+                "or accelerator_config={'dispatch_batches': False}, or "
+                "ZephonTrainer"
+            )
         if layout.own_lanes:  # TP/CP peers share a data-parallel index and get the same lanes
-            pipe = pipe.bind(rank=args.process_index, world_size=args.world_size,
-                             dp_rank=layout.process_index, dp_size=layout.num_processes)
+            pipe = pipe.bind(
+                rank=args.process_index,
+                world_size=args.world_size,
+                dp_rank=layout.process_index,
+                dp_size=layout.num_processes,
+            )
         else:  # the global stream, whatever the process group says
             pipe = pipe.bind(rank=0, world_size=1)
         workers = self.num_workers or 0
@@ -151,10 +175,12 @@ class ZephonCallback(TrainerCallback):
         loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead)
         self.pipeline, self.loader = pipe, loader
         self.train_dataset.feed = Feed(
-            loader=loader, rows_per_output=rows,
+            loader=loader,
+            rows_per_output=rows,
             slots=layout.num_processes if layout.own_lanes else 1,
             slot=layout.process_index if layout.own_lanes else 0,
-            slot_rows=args.train_batch_size)
+            slot_rows=args.train_batch_size,
+        )
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._rng_from is not None:
@@ -186,8 +212,11 @@ class ZephonCallback(TrainerCallback):
             return None  # a rank that reads nothing holds no state
         if not (layout.own_lanes or args.should_save):
             return None  # every reader of the global stream holds the same state
-        consumed = ((state.global_step - self._start_step) * args.gradient_accumulation_steps
-                    * self._outputs_per_micro_step)
+        consumed = (
+            (state.global_step - self._start_step)
+            * args.gradient_accumulation_steps
+            * self._outputs_per_micro_step
+        )
         # own lanes: an aggregation round on every rank
         return self.loader.checkpoint(served=consumed)
 
@@ -204,50 +233,69 @@ def _read_layout(loader: Any, rows: ZephonRows, batch_size: int, batched: bool) 
     dataset = getattr(loader, "dataset", None)
     if isinstance(loader, DataLoaderDispatcher) and dataset is rows:
         if getattr(loader, "submesh_tp", None) is not None:
-            raise ConfigError("accelerate dispatches one batch to all tensor-parallel ranks; "
-                              "use accelerator_config={'dispatch_batches': False} or "
-                              "ZephonTrainer with tensor parallelism")
+            raise ConfigError(
+                "accelerate dispatches one batch to all tensor-parallel ranks; "
+                "use accelerator_config={'dispatch_batches': False} or "
+                "ZephonTrainer with tensor parallelism"
+            )
         n, i = loader.state.num_processes, loader.state.process_index
         per_step = batch_size if loader.split_batches else batch_size * n
-        return _Layout(reads=i == 0, own_lanes=False, num_processes=n, process_index=i,
-                       rows_per_micro_step=per_step)
+        return _Layout(
+            reads=i == 0,
+            own_lanes=False,
+            num_processes=n,
+            process_index=i,
+            rows_per_micro_step=per_step,
+        )
     if isinstance(dataset, IterableDatasetShard) and dataset.dataset is rows:
         n, i = dataset.num_processes, dataset.process_index
         # A rank serves its own lanes only when one Zephon output is one per-device batch;
         # otherwise (split batches, unbatched records) every rank reads the global stream
         # and the shard keeps its slice.
         own = n > 1 and batched and not dataset.split_batches
-        return _Layout(reads=True, own_lanes=own, num_processes=n, process_index=i,
-                       rows_per_micro_step=batch_size)
+        return _Layout(
+            reads=True,
+            own_lanes=own,
+            num_processes=n,
+            process_index=i,
+            rows_per_micro_step=batch_size,
+        )
     if dataset is rows:
-        return _Layout(reads=True, own_lanes=False, num_processes=1, process_index=0,
-                       rows_per_micro_step=batch_size)
-    raise ConfigError("the Trainer's train_dataset is not this callback's (or accelerate "
-                      f"wrapped it as {type(loader).__name__}, which Zephon does not know): "
-                      "pass Trainer(train_dataset=cb.train_dataset, callbacks=[cb])")
+        return _Layout(
+            reads=True,
+            own_lanes=False,
+            num_processes=1,
+            process_index=0,
+            rows_per_micro_step=batch_size,
+        )
+    raise ConfigError(
+        "the Trainer's train_dataset is not this callback's (or accelerate "
+        f"wrapped it as {type(loader).__name__}, which Zephon does not know): "
+        "pass Trainer(train_dataset=cb.train_dataset, callbacks=[cb])"
+    )
 
 
-def _last_batch(pipe: Pipeline) -> BatchOp | None:
-    batches = [op for op in pipe.operators if isinstance(op, BatchOp)]
-    return batches[-1] if batches else None
+def _batch_op(pipe: Pipeline) -> BatchOp | None:
+    """The pipeline's batch operator, as compile decided it (bound: it knows its width)."""
+    plan = pipe.compile()
+    return plan.ops[plan.batch_index] if plan.batch_index is not None else None
 
 
 def _rows_per_output(pipe: Pipeline, batch_size: int) -> int:
-    last = _last_batch(pipe)
+    last = _batch_op(pipe)
     if last is None:
         return 1  # records; the Trainer's collator batches them
     if last.batch_size != batch_size:
-        raise ConfigError(f"the pipeline's batch(batch_size={last.batch_size}) must "
-                          f"equal the Trainer's batch size per process (train_batch_size="
-                          f"{batch_size}): the Trainer regroups Zephon's rows into its own "
-                          "batches")
+        raise ConfigError(
+            f"the pipeline's batch(batch_size={last.batch_size}) must "
+            f"equal the Trainer's batch size per process (train_batch_size="
+            f"{batch_size}): the Trainer regroups Zephon's rows into its own "
+            "batches"
+        )
     return batch_size
 
 
 def _fixed_shape(pipe: Pipeline) -> bool:
     """Whether every output has the same shape (batches padded to a fixed width)."""
-    last = _last_batch(pipe)
-    if last is None:
-        return False
-    return last.seq_len is not None or (last.pad_to == "max" and
-                                        any(isinstance(op, PackOp) for op in pipe.operators))
+    last = _batch_op(pipe)
+    return last is not None and last.width is not None

@@ -31,8 +31,10 @@ def step_dir(output_dir: str, global_step: int) -> str:
 def write_state(checkpoint_dir: str, state: dict[str, Any]) -> str:
     """Write ``state`` into ``checkpoint_dir`` atomically (a reader never sees half a file)."""
     if not os.path.isdir(checkpoint_dir):
-        raise ConfigError(f"{checkpoint_dir} does not exist; the Trainer saves elsewhere "
-                          "(hyperparameter search?) and Zephon cannot place its state")
+        raise ConfigError(
+            f"{checkpoint_dir} does not exist; the Trainer saves elsewhere "
+            "(hyperparameter search?) and Zephon cannot place its state"
+        )
     path = os.path.join(checkpoint_dir, STATE_FILE)
     codec.write_atomic(path, codec.encode(state))
     return path
@@ -53,11 +55,13 @@ def read_state(checkpoint_dir: str) -> dict[str, Any]:
             raise MissingCheckpointState(
                 f"{checkpoint_dir} has no {STATE_FILE}: the save was probably interrupted "
                 f"(Zephon writes its file after the Trainer's). Resume from {complete[-1]}, "
-                "the latest complete checkpoint, and delete the incomplete one")
+                "the latest complete checkpoint, and delete the incomplete one"
+            )
         raise MissingCheckpointState(
             f"{checkpoint_dir} has no {STATE_FILE}: it was not written with "
             "ZephonCallback/ZephonTrainer (or its save was interrupted), so the data "
-            "position cannot be restored")
+            "position cannot be restored"
+        )
     return codec.decode(codec.read_bytes(path))
 
 
@@ -70,15 +74,18 @@ def _complete_siblings(checkpoint_dir: str) -> list[str]:
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         step = _step_of(name)
         full = os.path.join(parent, name)
-        if step is not None and (own is None or step < own) and \
-                os.path.isfile(os.path.join(full, STATE_FILE)):
+        if (
+            step is not None
+            and (own is None or step < own)
+            and os.path.isfile(os.path.join(full, STATE_FILE))
+        ):
             found.append((step, full))
     return [p for _, p in sorted(found)]
 
 
 def _step_of(name: str) -> int | None:
     prefix = f"{PREFIX_CHECKPOINT_DIR}-"
-    tail = name[len(prefix):] if name.startswith(prefix) else ""
+    tail = name[len(prefix) :] if name.startswith(prefix) else ""
     return int(tail) if tail.isdigit() else None
 
 
@@ -93,8 +100,9 @@ def trainer_resume_arg() -> str | None:
 
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == "_inner_training_loop" and \
-                isinstance(frame.f_locals.get("self"), Trainer):
+        if frame.f_code.co_name == "_inner_training_loop" and isinstance(
+            frame.f_locals.get("self"), Trainer
+        ):
             path = frame.f_locals.get("resume_from_checkpoint")
             return path if isinstance(path, (str, os.PathLike)) else None
         frame = frame.f_back
@@ -114,9 +122,11 @@ def resolve_resume_dir(output_dir: str, global_step: int, explicit: str | None) 
         with open(trainer_state) as f:
             saved_step = json.load(f).get("global_step")
         if saved_step != global_step:
-            raise ConfigError(f"{path} was saved at step {saved_step} but the Trainer resumes "
-                              f"at step {global_step}; pass the checkpoint the Trainer resumes "
-                              "from (ZephonCallback(resume_from=...))")
+            raise ConfigError(
+                f"{path} was saved at step {saved_step} but the Trainer resumes "
+                f"at step {global_step}; pass the checkpoint the Trainer resumes "
+                "from (ZephonCallback(resume_from=...))"
+            )
     return path
 
 

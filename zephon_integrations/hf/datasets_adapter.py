@@ -31,8 +31,11 @@ class HFComponent:
             if unknown:
                 raise ConfigError(f"columns {unknown} are not in the dataset (it has {names})")
         self.columns = list(wanted) if wanted is not None else None
-        self.fast = (getattr(ds, "_indices", None) is None and fmt.get("type") is None
-                     and not fmt.get("output_all_columns", False))
+        self.fast = (
+            getattr(ds, "_indices", None) is None
+            and fmt.get("type") is None
+            and not fmt.get("output_all_columns", False)
+        )
         if self.fast:
             table = ds.data.table
             self.table = table.select(self.columns) if self.columns is not None else table
@@ -57,8 +60,9 @@ class HFComponent:
         return self.__getitems__([row])[0]
 
 
-def hf_component(obj: Any, split: str | None = None,
-                 columns: Sequence[str] | None = None) -> HFComponent:
+def hf_component(
+    obj: Any, split: str | None = None, columns: Sequence[str] | None = None
+) -> HFComponent:
     """One component from a Dataset, a DatasetDict (with ``split``) or a saved path."""
     import datasets
 
@@ -69,22 +73,25 @@ def hf_component(obj: Any, split: str | None = None,
             "a streaming IterableDataset cannot be read at random positions, which exact "
             "resume needs; load it without streaming=True (load_dataset(..., streaming=False) "
             "memory-maps it from disk), or materialize it once with "
-            "Dataset.from_generator(...).save_to_disk(path) and pass that path")
+            "Dataset.from_generator(...).save_to_disk(path) and pass that path"
+        )
     if isinstance(obj, datasets.DatasetDict):
         if split is None:
             raise ConfigError(f"a DatasetDict needs split=...; it has {sorted(obj)}")
         if split not in obj:
-            raise ConfigError(f"split {split!r} is not in the DatasetDict (it has "
-                              f"{sorted(obj)})")
+            raise ConfigError(f"split {split!r} is not in the DatasetDict (it has {sorted(obj)})")
         obj = obj[split]
     if not isinstance(obj, datasets.Dataset):
-        raise ConfigError(f"expected a datasets.Dataset, DatasetDict or a load_from_disk path, "
-                          f"got {type(obj).__name__}")
+        raise ConfigError(
+            f"expected a datasets.Dataset, DatasetDict or a load_from_disk path, "
+            f"got {type(obj).__name__}"
+        )
     return HFComponent(obj, columns)
 
 
-def hf_components(sources: Mapping[str, Any], split: str | None = None,
-                  columns: Sequence[str] | None = None) -> dict[str, HFComponent]:
+def hf_components(
+    sources: Mapping[str, Any], split: str | None = None, columns: Sequence[str] | None = None
+) -> dict[str, HFComponent]:
     """Components for ``StaticMixtureWorkSource(datasets=...)``, keeping the mapping order.
 
     Example::

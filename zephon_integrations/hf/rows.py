@@ -71,11 +71,15 @@ class ZephonRows(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         if get_worker_info() is not None:
-            raise ConfigError("ZephonRows runs in the training process: set "
-                              "dataloader_num_workers=0 and ZephonCallback(num_workers=N)")
+            raise ConfigError(
+                "ZephonRows runs in the training process: set "
+                "dataloader_num_workers=0 and ZephonCallback(num_workers=N)"
+            )
         if self.feed is None:
-            raise ConfigError("this dataset is fed by ZephonCallback: pass "
-                              "Trainer(train_dataset=cb.train_dataset, callbacks=[cb])")
+            raise ConfigError(
+                "this dataset is fed by ZephonCallback: pass "
+                "Trainer(train_dataset=cb.train_dataset, callbacks=[cb])"
+            )
         rows = _rows(self.feed)
         self._live.add(rows)
         return rows
@@ -108,7 +112,9 @@ def _unbatch(loader: DataLoader, rows: int) -> Iterator[Any]:
             raise ConfigError(f"a batched Zephon output must be a dict, got {type(out).__name__}")
         sizes = {len(v) for v in out.values()}
         if sizes != {rows}:
-            raise ConfigError(f"a Zephon batch holds {sorted(sizes)} rows, expected {rows}: keep "
-                              "batch(drop_last=True) so every batch is full")
+            raise ConfigError(
+                f"a Zephon batch holds {sorted(sizes)} rows, expected {rows}: keep "
+                "batch(drop_last=True) so every batch is full"
+            )
         for i in range(rows):
             yield {k: v[i] for k, v in out.items()}

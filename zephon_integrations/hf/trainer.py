@@ -36,9 +36,11 @@ class ZephonTrainer(Trainer):
 
     def __init__(self, *args: Any, pipeline: Pipeline | Callable[[], Pipeline], **kwargs: Any):
         if kwargs.get("data_collator") is not None:
-            raise ConfigError("ZephonTrainer feeds the pipeline's batches to the model as they "
-                              "are; collate inside the pipeline (a map after batch) or use "
-                              "ZephonCallback with an unmodified Trainer")
+            raise ConfigError(
+                "ZephonTrainer feeds the pipeline's batches to the model as they "
+                "are; collate inside the pipeline (a map after batch) or use "
+                "ZephonCallback with an unmodified Trainer"
+            )
         super().__init__(*args, **kwargs)
         if self.args.max_steps is None or self.args.max_steps <= 0:
             raise ConfigError("a Zephon stream has no length: set TrainingArguments(max_steps=...)")
@@ -52,9 +54,9 @@ class ZephonTrainer(Trainer):
 
     def _zephon(self) -> Pipeline:
         if self.zephon_pipeline is None:
-            self.zephon_pipeline = Pipeline.for_rank(self._zephon_factory,
-                                                     self.args.process_index,
-                                                     self.args.world_size)
+            self.zephon_pipeline = Pipeline.for_rank(
+                self._zephon_factory, self.args.process_index, self.args.world_size
+            )
         return self.zephon_pipeline
 
     def get_train_dataloader(self):
@@ -62,9 +64,15 @@ class ZephonTrainer(Trainer):
             self.zephon_loader.close()
         self._zephon_served = 0
         restore, self._zephon_restore = self._zephon_restore, None
-        self.zephon_loader = self._zephon().description().dataloader(
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory, restore=restore)
+        self.zephon_loader = (
+            self._zephon()
+            .description()
+            .dataloader(
+                num_workers=self.args.dataloader_num_workers,
+                pin_memory=self.args.dataloader_pin_memory,
+                restore=restore,
+            )
+        )
         return self.zephon_loader
 
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
@@ -76,14 +84,15 @@ class ZephonTrainer(Trainer):
         self._zephon_served += 1
         return super().training_step(model, inputs, *args, **kwargs)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
-              **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         path = resume_from_checkpoint
         if path is True:
             path = get_last_checkpoint(self.args.output_dir)
             if path is None:
-                raise ConfigError(f"resume_from_checkpoint=True but {self.args.output_dir} "
-                                  "holds no checkpoint-* directory")
+                raise ConfigError(
+                    f"resume_from_checkpoint=True but {self.args.output_dir} "
+                    "holds no checkpoint-* directory"
+                )
         if path:
             state = read_state(path)
             self._zephon().description().load_state_dict(state)  # validated before any work
@@ -102,5 +111,4 @@ class ZephonTrainer(Trainer):
         state = self.zephon_loader.checkpoint(served=self._zephon_served)  # a round on every rank
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            write_state(step_dir(self._get_output_dir(trial=trial), self.state.global_step),
-                        state)
+            write_state(step_dir(self._get_output_dir(trial=trial), self.state.global_step), state)

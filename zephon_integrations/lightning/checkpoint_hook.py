@@ -42,8 +42,9 @@ class ZephonCheckpointHook(pl.Callback):
     def __init__(self, datamodule: ZephonDataModule):
         self.datamodule = datamodule
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]
+    ) -> None:
         dm = self.datamodule
         entry = checkpoint.pop(type(dm).__qualname__, None)  # Lightning keyed it by class
         state = entry[dm.STATE_KEY] if entry else dm.state_dict()[dm.STATE_KEY]
@@ -51,8 +52,9 @@ class ZephonCheckpointHook(pl.Callback):
         checkpoint[CHECKPOINT_KEY] = {"state": state, "rng": _gather(mine, trainer.world_size)}
         dm._pin_rng(mine)
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: Any,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]
+    ) -> None:
         dm = self.datamodule
         entry = checkpoint.get(CHECKPOINT_KEY)
         if isinstance(entry, dict) and "state" in entry:
@@ -71,14 +73,18 @@ class ZephonCheckpointHook(pl.Callback):
                 "(it was not written by a ZephonDataModule), so the data would silently "
                 "restart from the first batch. Resume from a checkpoint written with "
                 "ZephonDataModule, or pass ZephonDataModule(..., allow_fresh_start=True) to "
-                "start the data stream from its beginning on purpose")
+                "start the data stream from its beginning on purpose"
+            )
 
 
 def _legacy_entry(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """A ``{"zephon": <state>}`` datamodule entry under whatever class name wrote it."""
     for value in checkpoint.values():
-        if isinstance(value, dict) and isinstance(value.get("zephon"), dict) \
-                and value["zephon"].get("format") == FORMAT:
+        if (
+            isinstance(value, dict)
+            and isinstance(value.get("zephon"), dict)
+            and value["zephon"].get("format") == FORMAT
+        ):
             return value["zephon"]
     return None
 

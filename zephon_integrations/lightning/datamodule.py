@@ -69,16 +69,25 @@ class ZephonDataModule(pl.LightningDataModule):
 
     STATE_KEY = STATE_KEY
 
-    def __init__(self, pipeline: Pipeline | Callable[[], Pipeline], num_workers: int = 0,
-                 pin_memory: bool = False, aggregate_dir: str | None = None,
-                 aggregate_store: Any = None, aggregate_timeout_s: float = 300.0,
-                 log_every_n_steps: int = 50,
-                 val_dataloader_fn: Callable[[], Any] | None = None,
-                 allow_fresh_start: bool = False, restore_rng: bool = True):
+    def __init__(
+        self,
+        pipeline: Pipeline | Callable[[], Pipeline],
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        aggregate_dir: str | None = None,
+        aggregate_store: Any = None,
+        aggregate_timeout_s: float = 300.0,
+        log_every_n_steps: int = 50,
+        val_dataloader_fn: Callable[[], Any] | None = None,
+        allow_fresh_start: bool = False,
+        restore_rng: bool = True,
+    ):
         super().__init__()
         if not (isinstance(pipeline, Pipeline) or callable(pipeline)):
-            raise ConfigError("ZephonDataModule(pipeline=...) takes a Pipeline or a "
-                              "zero-argument function returning one")
+            raise ConfigError(
+                "ZephonDataModule(pipeline=...) takes a Pipeline or a "
+                "zero-argument function returning one"
+            )
         self._factory = pipeline
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -93,7 +102,7 @@ class ZephonDataModule(pl.LightningDataModule):
         self._restore: dict[str, Any] | None = None  # where the next loader starts
         self._loader: ZephonDataLoader | None = None
         self._loader_trainer: Any = None
-        self._consumed = 0           # training batches of the loader that reached the step
+        self._consumed = 0  # training batches of the loader that reached the step
         self._rng_pending: dict[str, Any] | None = None
         self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
@@ -105,8 +114,7 @@ class ZephonDataModule(pl.LightningDataModule):
         pipe = Pipeline.for_rank(self._factory, rank, world)
         options: dict[str, Any] = {"aggregate_timeout_s": float(self.aggregate_timeout_s)}
         if self.aggregate_dir is not None or self.aggregate_store is not None:
-            options.update(aggregate_dir=self.aggregate_dir,
-                           aggregate_store=self.aggregate_store)
+            options.update(aggregate_dir=self.aggregate_dir, aggregate_store=self.aggregate_store)
         return pipe.with_options(**options)
 
     def _trainer_or_none(self):
@@ -136,7 +144,8 @@ class ZephonDataModule(pl.LightningDataModule):
                 restore = self._loader.checkpoint(served=self._consumed)
             self._loader.close()
         self._loader = self.pipeline.description().dataloader(
-            num_workers=self.num_workers, pin_memory=self.pin_memory, restore=restore)
+            num_workers=self.num_workers, pin_memory=self.pin_memory, restore=restore
+        )
         self._loader_trainer = trainer
         self._restore = None
         self._consumed = 0
@@ -194,8 +203,10 @@ class ZephonDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or STATE_KEY not in state_dict:
-            raise ConfigError(f"the datamodule state has no {STATE_KEY!r} entry; was the "
-                              "checkpoint written with ZephonDataModule?")
+            raise ConfigError(
+                f"the datamodule state has no {STATE_KEY!r} entry; was the "
+                "checkpoint written with ZephonDataModule?"
+            )
         if self.pipeline is not None:
             self._validate(state_dict[STATE_KEY])
         if self._loader is not None:
@@ -212,10 +223,13 @@ class ZephonDataModule(pl.LightningDataModule):
         if not self.restore_rng or not states:
             return
         if len(states) != trainer.world_size:
-            log.warning("the checkpoint holds RNG states of %d ranks and this run has %d: "
-                        "the data stream continues exactly, but random model operations "
-                        "(dropout) will not repeat the uninterrupted run's draws",
-                        len(states), trainer.world_size)
+            log.warning(
+                "the checkpoint holds RNG states of %d ranks and this run has %d: "
+                "the data stream continues exactly, but random model operations "
+                "(dropout) will not repeat the uninterrupted run's draws",
+                len(states),
+                trainer.world_size,
+            )
             return
         self._rng_pending = states[trainer.global_rank]
 
@@ -242,6 +256,8 @@ class _Meter:
 
     def metrics(self) -> dict[str, float]:
         dt = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
-        return {"zephon/records_per_s": self.rows / dt if dt > 0 else 0.0,
-                "zephon/tokens_per_s": self.tokens / dt if dt > 0 else 0.0,
-                "zephon/padding_ratio": 1 - self.tokens / self.slots if self.slots else 0.0}
+        return {
+            "zephon/records_per_s": self.rows / dt if dt > 0 else 0.0,
+            "zephon/tokens_per_s": self.tokens / dt if dt > 0 else 0.0,
+            "zephon/padding_ratio": 1 - self.tokens / self.slots if self.slots else 0.0,
+        }
