@@ -6,6 +6,8 @@
 
 1. schema -- ``PipelineState.from_dict`` reads keys and types strictly;
 2. configuration -- the fingerprint, with a diff naming what differs;
+   (``allow_changes={"weights"}`` / ``{"weights", "components"}`` re-mix instead:
+   ``remix.py``);
 3. content -- a digest per component and per map/filter function
    (``content.py``); ``allow_changes={"data"}`` / ``{"functions"}`` accept a
    deliberate change (positions continue, values may differ);
@@ -25,11 +27,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
-from .fingerprint import config_diff
+from .remix import REMIX_CHANGES, mixture_only_diff, remix
 from .state import LaneState, PipelineState, check_progress
 
 #: what ``allow_changes=`` may name
-ALLOWED_CHANGES = frozenset({"data", "functions"})
+ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
 
 
 def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineState:
@@ -43,12 +45,22 @@ def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineS
     """
     allowed = _allowed(allow_changes)
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
+    if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
+        parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
     if parsed.fingerprint != plan.fingerprint:
-        diff = config_diff(parsed.config, plan.config)
+        other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source)
+        diff = other + comp + mix
+        hint = (
+            " Only the mixture differs: to re-mix from here, pass "
+            f"allow_changes={{{'weights'!r}{', ' + repr('components') if comp else ''}}}."
+            if diff and not other
+            else " Rebuild the pipeline exactly as it was when the checkpoint was taken."
+        )
         raise IncompatibleCheckpoint(
             "the checkpoint was written by a differently configured pipeline: "
             + ("; ".join(diff[:10]) if diff else "fingerprints differ")
-            + ". Rebuild the pipeline exactly as it was when the checkpoint was taken."
+            + "."
+            + hint
         )
     _check_content(parsed, plan, allowed)
     if parsed.position < 0:
@@ -56,7 +68,7 @@ def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineS
     check_progress(parsed, plan.num_lanes)
     for ls in parsed.lanes.values():
         _check_lane(ls, plan)
-    if allowed:  # values may differ by the user's choice: do not compare them during replay
+    if allowed & {"data", "functions"}:  # values may differ by choice: do not compare them
         parsed = dataclasses.replace(
             parsed,
             lanes={lane: dataclasses.replace(ls, digest=None) for lane, ls in parsed.lanes.items()},

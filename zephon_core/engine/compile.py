@@ -31,6 +31,7 @@ from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
 from ..validate import int_arg
+from .length_estimate import estimate_lengths
 from .processes import check_shippable
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,20 @@ def _stages(ops: list[Operator]) -> tuple[Stage, ...]:
     return tuple(stages)
 
 
+def _bind(ops: list[Operator], source: Any, seed: int) -> None:
+    for i, op in enumerate(ops):
+        op.bind(
+            OpContext(
+                seed=derive_seed(seed, "op", i, op.name),
+                index=i,
+                component_names=tuple(source.component_names),
+                weights=tuple(source.weights),
+                source=source,
+                upstream=tuple(ops[:i]),
+            )
+        )
+
+
 def compile_plan(
     source: Any,
     ops: list[Operator],
@@ -210,17 +225,12 @@ def compile_plan(
         replay_index = at
         if batch_index is not None:
             batch_index += 1
-    for i, op in enumerate(ops):
-        op.bind(
-            OpContext(
-                seed=derive_seed(seed, "op", i, op.name),
-                index=i,
-                component_names=tuple(source.component_names),
-                weights=tuple(source.weights),
-                source=source,
-                upstream=tuple(ops[:i]),
-            )
-        )
+    _bind(ops, source, seed)
+    if getattr(source, "needs_length_estimate", ()):
+        # token-weighted mixing without given lengths: measure with these operators
+        source = estimate_lengths(source, ops, seed)
+        _bind(ops, source, seed)
+    for op in ops:
         if getattr(op, "runner", "threads") == "processes":
             check_shippable(op)  # bound: exactly what the workers will receive
     config = {

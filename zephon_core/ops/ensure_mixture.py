@@ -37,6 +37,11 @@ class EnsureMixtureOp(Operator):
         self.targets: tuple[float, ...] = ()
         self._start()
 
+    @property
+    def reads_source_weights(self) -> bool:
+        """Targets come from the source's weights (a re-mix changes them)."""
+        return self.user_weights is None
+
     def _start(self) -> None:
         """A lane's state: the held window and the tokens emitted per component."""
         self._held: list[tuple[Record, dict[int, int], int, int]] = []

@@ -9,7 +9,13 @@ bijection, never materialized; identity without shuffling). Lane ``l`` of ``C``
 takes positions ``l, l + C, l + 2C, ...`` of every dataset, so the lanes
 partition each epoch exactly (even when ``N_d < C``) and a lane's whole
 position is one cursor per dataset. The component of each slot comes from a
-smooth weighted round-robin, exact over every ``sum(weights)`` slots.
+smooth weighted round-robin, exact over every ``sum(weights)`` slots
+(``weights_unit="documents"``), or from token deficits when the weights are token
+shares or change over the run (``deficit.py``, ``schedule.py``).
+
+Per component ``num_epochs`` caps repetition; ``when_exhausted`` says what a capped
+component does at its cap: ``"drop"`` (leave the mixture, the others go on) or
+``"end"`` (the lane ends).
 
 Example:
     >>> src = StaticMixtureWorkSource({"a": list(range(10)), "b": list(range(5))},
@@ -22,6 +28,8 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,13 +42,25 @@ from ..rng import derive_seed
 from ..validate import bool_arg, int_arg, weight_vector
 from ..validate import is_int as _is_int
 from .chunk import WorkChunk
+from .deficit import TokenDeficit
+from .lengths import ComponentLengths, lengths_digest, resolve_lengths
 from .mixture import SmoothWeightedRoundRobin, integer_weights
 from .permutation import KeyedPermutation
+from .repetition import warn_repeat
+from .schedule import WeightSchedule, fixed_point_shares, weights_at
 
 __all__ = ["StaticMixtureWorkSource", "StaticMixtureLane"]
 
-_STATE_VERSION = 1
+log = logging.getLogger(__name__)
+
+_STATE_VERSION = 1  # smooth round-robin over documents (static weights)
+_DEFICIT_VERSION = 2  # token deficits (token shares or a schedule)
 _STATE_KEYS = frozenset({"version", "next_chunk_id", "cursors", "swrr", "exhausted"})
+_DEFICIT_KEYS = frozenset(
+    {"version", "next_chunk_id", "cursors", "deficits", "tokens", "retired", "exhausted"}
+)
+_UNITS = ("documents", "tokens")
+_WHEN_EXHAUSTED = ("drop", "end")
 _SCALAR_SEGMENT = 8  # epoch segments shorter than this are mapped without numpy
 
 
@@ -72,13 +92,24 @@ class StaticMixtureWorkSource:
     Args:
         datasets: ``{name: dataset}`` (order kept) or a sequence (named "0", "1", ...);
             each dataset needs ``len()`` and ``__getitems__`` or ``__getitem__``.
-        weights: per-dataset weights (mapping by name or sequence); default uniform.
-            Converted to exact integer ratios with :func:`integer_weights`.
+        weights: per-dataset weights (mapping by name or sequence; default uniform), or a
+            :class:`~zephon_core.sources.schedule.WeightSchedule` that changes them
+            over the run.
         chunk_size: sample pointers per work chunk.
         seed: keys the per-(dataset, epoch) permutations.
         shuffle: permute rows within each epoch (else rows come in order).
-        num_epochs: ``None`` for an infinite stream, else every row is delivered
-            exactly ``num_epochs`` times over all lanes and then lanes end.
+        num_epochs: ``None`` for an infinite stream; an int caps every dataset, a
+            mapping ``{name: int | None}`` caps some: each row is delivered at most that
+            many times over all lanes.
+        weights_unit: ``"documents"`` (weights are shares of documents; the default,
+            see the README) or ``"tokens"`` (shares of tokens, scheduled by each
+            document's length before it is fetched).
+        lengths: token counts per row for ``"tokens"``: a column name, or
+            ``{name: per-row counts | column name | None}``; missing ones are estimated
+            by the pipeline at compile time (``lengths.py``).
+        when_exhausted: a capped dataset at its cap ``"drop"`` s out of the mixture
+            (the others continue; lanes end when every weighted dataset is capped and
+            done) or ``"end"`` s the lane.
 
     Raises:
         ConfigError: on any invalid argument; the message names the dataset and the fix.
@@ -87,11 +118,14 @@ class StaticMixtureWorkSource:
     def __init__(
         self,
         datasets: Mapping[str, Any] | Sequence[Any],
-        weights: Mapping[str, float] | Sequence[float] | None = None,
+        weights: Mapping[str, float] | Sequence[float] | WeightSchedule | None = None,
         chunk_size: int = 64,
         seed: int = 0,
         shuffle: bool = True,
-        num_epochs: int | None = None,
+        num_epochs: int | Mapping[str, int | None] | None = None,
+        weights_unit: str = "documents",
+        lengths: Any = None,
+        when_exhausted: str = "drop",
     ) -> None:
         if isinstance(datasets, Mapping):
             bad = [k for k in datasets if not isinstance(k, str)]
@@ -112,20 +146,105 @@ class StaticMixtureWorkSource:
         self.lengths: tuple[int, ...] = tuple(
             _check_dataset(n, d) for n, d in zip(names, dss, strict=True)
         )
-        self.integer_weights: tuple[int, ...] = tuple(integer_weights(self._weight_list(weights)))
+        where = "StaticMixtureWorkSource"
+        if weights_unit not in _UNITS:
+            raise ConfigError(f"{where}(weights_unit={weights_unit!r}): use one of {_UNITS}")
+        if when_exhausted not in _WHEN_EXHAUSTED:
+            raise ConfigError(
+                f"{where}(when_exhausted={when_exhausted!r}): use one of {_WHEN_EXHAUSTED}"
+            )
+        self.weights_unit = weights_unit
+        self.when_exhausted = when_exhausted
+        self.schedule: WeightSchedule | None = None
+        if isinstance(weights, WeightSchedule):
+            self.schedule = weights
+            self._table = weights.resolve(self.component_names)
+            first = self._table[0][1]
+            self.ever_weighted = tuple(
+                any(w[d] > 0 for _, w in self._table) for d in range(len(names))
+            )
+        else:
+            first = tuple(self._weight_list(weights))
+            self._table = ((0.0, tuple(w / sum(first) for w in first)),)
+            self.ever_weighted = tuple(w > 0 for w in first)
+        self.integer_weights: tuple[int, ...] = tuple(integer_weights(first))
         total = sum(self.integer_weights)
         self.weights: tuple[float, ...] = tuple(w / total for w in self.integer_weights)
-        where = "StaticMixtureWorkSource"
+        #: lanes schedule by token deficits (token shares or a schedule), else by SWRR
+        self.deficit_mode = weights_unit == "tokens" or self.schedule is not None
         self.chunk_size = int_arg("chunk_size", chunk_size, minimum=1, where=where)
         self.seed = int_arg("seed", seed, where=where)
         self.shuffle = bool_arg("shuffle", shuffle, where=where)
-        self.num_epochs = int_arg("num_epochs", num_epochs, minimum=1, allow_none=True, where=where)
+        self.num_epochs = self._epochs(num_epochs)
+        needs_tokens = weights_unit == "tokens" or (
+            self.schedule is not None and self.schedule.by == "tokens"
+        )
+        if lengths is not None and not needs_tokens:
+            raise ConfigError(
+                f"{where}: lengths= given with weights_unit={weights_unit!r}; lengths are "
+                "for weights_unit='tokens' (or a WeightSchedule by tokens)"
+            )
+        self.token_lengths: tuple[ComponentLengths | None, ...] = tuple(
+            resolve_lengths(lengths, self.component_names, dss, self.lengths)
+        )
+        self.needs_tokens = needs_tokens
         self._getitems = [getattr(d, "__getitems__", None) for d in dss]
 
     def _weight_list(self, weights: Mapping[str, float] | Sequence[float] | None) -> list[float]:
         if weights is None:
             return [1.0] * len(self.component_names)
         return weight_vector(weights, self.component_names, "StaticMixtureWorkSource")
+
+    def _epochs(self, num_epochs: Any) -> tuple[int | None, ...] | int | None:
+        where = "StaticMixtureWorkSource"
+        if isinstance(num_epochs, Mapping):
+            unknown = [k for k in num_epochs if k not in self.component_names]
+            if unknown:
+                raise ConfigError(
+                    f"{where}: num_epochs given for unknown datasets {unknown!r}; known: "
+                    f"{list(self.component_names)!r}"
+                )
+            return tuple(
+                int_arg(f"num_epochs[{n!r}]", num_epochs.get(n), minimum=1, allow_none=True)
+                for n in self.component_names
+            )
+        return int_arg("num_epochs", num_epochs, minimum=1, allow_none=True, where=where)
+
+    def epochs_of(self, component: int) -> int | None:
+        """The cap of one dataset (``None``: unbounded)."""
+        e = self.num_epochs
+        return e[component] if isinstance(e, tuple) else e
+
+    # -- lengths (token mode) ------------------------------------------------------------
+
+    @property
+    def needs_length_estimate(self) -> tuple[int, ...]:
+        """Datasets whose token lengths the pipeline must estimate before running."""
+        if not self.needs_tokens:
+            return ()
+        return tuple(d for d, ln in enumerate(self.token_lengths) if ln is None)
+
+    def with_lengths(self, measured: Mapping[int, ComponentLengths]) -> StaticMixtureWorkSource:
+        """A copy whose unknown lengths are ``measured`` (the pipeline's estimate)."""
+        new = copy.copy(self)
+        tl = list(self.token_lengths)
+        for d, ln in measured.items():
+            tl[d] = ln
+        new.token_lengths = tuple(tl)
+        return new
+
+    def _length_table(self) -> list[ComponentLengths]:
+        missing = self.needs_length_estimate
+        if missing:
+            raise ConfigError(
+                "token-weighted mixing needs the token length of every document of "
+                f"{[self.component_names[d] for d in missing]}: pass lengths= (per-row "
+                "counts or a column name), or run the source through a Pipeline, which "
+                "estimates them with its own tokenizer when it compiles"
+            )
+        return [ln if ln is not None else ComponentLengths(mean=1) for ln in self.token_lengths]
+
+    # -- reading ---------------------------------------------------------------------------
 
     def read(self, component: int, rows: Sequence[int]) -> list[Any]:
         """Read ``rows`` of dataset ``component`` with one batched read."""
@@ -141,8 +260,12 @@ class StaticMixtureWorkSource:
 
     @property
     def finite(self) -> bool:
-        """Whether the lanes end (``num_epochs`` given)."""
-        return self.num_epochs is not None
+        """Whether the lanes end (some weighted dataset is capped and ends the lane, or
+        every weighted dataset is capped)."""
+        capped = [
+            self.epochs_of(d) is not None for d in range(len(self.lengths)) if self.ever_weighted[d]
+        ]
+        return any(capped) if self.when_exhausted == "end" else all(capped)
 
     def content_fingerprints(self) -> dict[str, str]:
         """A digest of each dataset's content (see ``checkpoint/content.py``).
@@ -186,8 +309,12 @@ class StaticMixtureWorkSource:
                 )
 
     def describe(self) -> dict[str, Any]:
-        """JSON-able description of everything that determines the chunk sequence."""
-        return {
+        """JSON-able description of everything that determines the chunk sequence.
+
+        The keys of the mixture (``MIXTURE_KEYS``) are what ``allow_changes=
+        {"weights", "components"}`` may change at a restore."""
+        e = self.num_epochs
+        out: dict[str, Any] = {
             "class": type(self).__name__,
             "version": _STATE_VERSION,
             "names": list(self.component_names),
@@ -196,8 +323,26 @@ class StaticMixtureWorkSource:
             "chunk_size": self.chunk_size,
             "seed": self.seed,
             "shuffle": self.shuffle,
-            "num_epochs": self.num_epochs,
+            "num_epochs": list(e) if isinstance(e, tuple) else e,
         }
+        # keys beyond version 1 appear only when used: older fingerprints stay valid
+        if self.weights_unit != "documents":
+            out["weights_unit"] = self.weights_unit
+        if self.schedule is not None:
+            out["schedule"] = self.schedule.describe(self.component_names)
+        if self.when_exhausted != "drop":
+            out["when_exhausted"] = self.when_exhausted
+        if self.needs_tokens:
+            out["token_lengths"] = [
+                None if ln is None else lengths_digest(ln) for ln in self.token_lengths
+            ]
+        return out
+
+    #: describe() keys a re-mix may change ("weights"; "components" also names/lengths)
+    MIXTURE_KEYS = frozenset(
+        {"weights", "weights_unit", "schedule", "num_epochs", "when_exhausted", "token_lengths"}
+    )
+    COMPONENT_KEYS = frozenset({"names", "lengths"})
 
     def open_lane(self, lane: int, num_lanes: int, seed: int) -> StaticMixtureLane:
         """The WorkSource of ``lane`` out of ``num_lanes``; ``seed`` keys the chunk seeds."""
@@ -206,13 +351,61 @@ class StaticMixtureWorkSource:
         seed = int_arg("seed", seed, where="open_lane")
         return StaticMixtureLane(self, int(lane), int(num_lanes), int(seed))
 
+    # -- re-mixing -------------------------------------------------------------------------
+
+    def remix_lane_state(self, old_names: Sequence[str], state: Mapping[str, Any]) -> dict:
+        """A lane state saved under another mixture (``old_names`` in its order), for this
+        mixture: every dataset in both keeps its cursor (its position and epochs), new ones
+        start at 0, the scheduler's credits start afresh under the new weights, and the
+        pointers of removed datasets count as ``retired``.
+
+        Raises:
+            CorruptCheckpoint: the saved state is malformed.
+        """
+        if not isinstance(state, Mapping) or not isinstance(state.get("cursors"), list):
+            raise CorruptCheckpoint(f"a lane's source state is malformed: {state!r}")
+        old = list(state["cursors"])
+        if len(old) != len(old_names) or not all(_is_int(c) and c >= 0 for c in old):
+            raise CorruptCheckpoint(f"source cursors {old!r} do not fit datasets {old_names!r}")
+        by_name = dict(zip(old_names, old, strict=True))
+        cursors = [int(by_name.get(n, 0)) for n in self.component_names]
+        retired = int(state.get("retired", 0)) + sum(
+            c for n, c in by_name.items() if n not in self.component_names
+        )
+        tokens = state.get("tokens", 0)
+        n = len(self.component_names)
+        if self.deficit_mode:
+            return {
+                "version": _DEFICIT_VERSION,
+                "next_chunk_id": state["next_chunk_id"],
+                "cursors": cursors,
+                "deficits": [0] * n,
+                "tokens": tokens if _is_int(tokens) else 0,
+                "retired": retired,
+                "exhausted": False,
+            }
+        out = {
+            "version": _STATE_VERSION,
+            "next_chunk_id": state["next_chunk_id"],
+            "cursors": cursors,
+            "swrr": [0] * n,
+            "exhausted": False,
+        }
+        if retired:
+            out["retired"] = retired
+        return out
+
 
 class StaticMixtureLane:
     """The running state of one lane of a :class:`StaticMixtureWorkSource`.
 
     State keys (``state_dict()``): ``version`` (1), ``next_chunk_id``, ``cursors``
     (per dataset, how many of this lane's positions were consumed), ``swrr`` (the
-    mixture credits) and ``exhausted`` (the lane has ended; finite epochs only).
+    mixture credits), ``exhausted`` (the lane has ended) and, after a re-mix removed
+    a dataset, ``retired`` (pointers read from datasets no longer in the mixture).
+    Token-deficit lanes (version 2) keep ``deficits`` and ``tokens`` (tokens
+    scheduled on this lane, the position a weight schedule reads) instead of
+    ``swrr``, and always ``retired``.
     """
 
     def __init__(self, source: StaticMixtureWorkSource, lane: int, num_lanes: int, seed: int):
@@ -221,13 +414,23 @@ class StaticMixtureLane:
         self.num_lanes = num_lanes
         self._seed = seed
         n_ds = len(source.lengths)
-        self._swrr = SmoothWeightedRoundRobin(source.integer_weights)
+        self._deficit = source.deficit_mode
+        if self._deficit:
+            self._credits = TokenDeficit(n_ds)
+            self._lens = source._length_table() if source.needs_tokens else None
+            self._shares: tuple[float, list[int]] | None = None
+        else:
+            self._swrr = SmoothWeightedRoundRobin(source.integer_weights)
+        self._tokens = 0  # tokens scheduled on this lane (deficit mode)
+        self._retired = 0
         self._cursors = [0] * n_ds
         self._next_chunk_id = 0
         self._limits: list[int | None] = [None] * n_ds
-        if source.num_epochs is not None:  # cursor k is valid while lane + k*C < E*N_d
-            ends = [source.num_epochs * n for n in source.lengths]
-            self._limits = [max(0, -(-(end - lane) // num_lanes)) for end in ends]
+        for d, n in enumerate(source.lengths):  # cursor k is valid while lane + k*C < E*N_d
+            epochs = source.epochs_of(d)
+            if epochs is not None:
+                self._limits[d] = max(0, -(-(epochs * n - lane) // num_lanes))
+        self._repeat_seen = [False] * n_ds
         self._exhausted = self._all_drained()
         # Caches of pure functions of k (never part of the state).
         per_chunk = [source.chunk_size * w for w in source.weights]
@@ -238,10 +441,13 @@ class StaticMixtureLane:
 
     def _all_drained(self, cursors: Sequence[int] | None = None) -> bool:
         cursors = self._cursors if cursors is None else cursors
-        return all(
-            w == 0 or (lim is not None and cur >= lim)
-            for w, cur, lim in zip(self._src.integer_weights, cursors, self._limits, strict=True)
-        )
+        done = [
+            lim is not None and cur >= lim for cur, lim in zip(cursors, self._limits, strict=True)
+        ]
+        weighted = self._src.ever_weighted
+        if self._src.when_exhausted == "end":
+            return any(d and w for d, w in zip(done, weighted, strict=True))
+        return all(d or not w for d, w in zip(done, weighted, strict=True))
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -293,16 +499,44 @@ class StaticMixtureLane:
         """The next chunk (ids 0, 1, ...), or ``None`` once the lane has ended."""
         if self._exhausted:
             return None
-        size, cursors, limits = self._src.chunk_size, self._cursors, self._limits
-        remaining = [
-            None if lim is None else lim - cur for cur, lim in zip(cursors, limits, strict=True)
+        if self._deficit:
+            picks, rows = self._deficit_picks()
+        else:
+            picks, rows = self._swrr_picks()
+        self._exhausted = self._all_drained()
+        self._check_repetition(picks)
+        chunk_id = self._next_chunk_id
+        self._next_chunk_id += 1
+        return WorkChunk(
+            lane=self.lane,
+            chunk_id=chunk_id,
+            components=tuple(picks),
+            rows=rows,
+            seed=derive_seed(self._seed, self.lane, chunk_id),
+        )
+
+    def _remaining(self) -> list[int | None]:
+        return [
+            None if lim is None else lim - cur
+            for cur, lim in zip(self._cursors, self._limits, strict=True)
         ]
+
+    def _ends_lane(self, remaining: Sequence[int | None]) -> bool:
+        """``when_exhausted="end"``: a weighted capped dataset just ran out."""
+        return self._src.when_exhausted == "end" and any(
+            r is not None and r <= 0 and w
+            for r, w in zip(remaining, self._src.ever_weighted, strict=True)
+        )
+
+    def _swrr_picks(self) -> tuple[list[int], tuple[int, ...]]:
+        size, cursors = self._src.chunk_size, self._cursors
+        remaining = self._remaining()
         active = [
             w > 0 and (r is None or r > 0)
             for w, r in zip(self._src.integer_weights, remaining, strict=True)
         ]
         picks: list[int] = []
-        while len(picks) < size and any(active):
+        while len(picks) < size and any(active) and not self._ends_lane(remaining):
             # Pick as many slots as no active dataset can run out during.
             room = [r for r, a in zip(remaining, active, strict=True) if a and r is not None]
             batch = self._swrr.pick_many(min([size - len(picks), *room]), active)
@@ -323,25 +557,95 @@ class StaticMixtureLane:
                 iters[d] = iter(self._rows(d, cursors[d], count))
                 cursors[d] += count
             rows = tuple(map(next, [iters[c] for c in picks]))
-        self._exhausted = self._all_drained()
-        chunk_id = self._next_chunk_id
-        self._next_chunk_id += 1
-        return WorkChunk(
-            lane=self.lane,
-            chunk_id=chunk_id,
-            components=tuple(picks),
-            rows=rows,
-            seed=derive_seed(self._seed, self.lane, chunk_id),
-        )
+        return picks, rows
+
+    def _current_shares(self) -> list[int]:
+        """Fixed-point shares at this lane's position (once per chunk)."""
+        src = self._src
+        table = src._table
+        if len(table) == 1:
+            pos = 0.0
+        elif src.schedule is not None and src.schedule.by == "tokens":
+            pos = float(self._tokens * self.num_lanes)
+        else:
+            pos = float((sum(self._cursors) + self._retired) * self.num_lanes)
+        weights = weights_at(table, pos)
+        cached = self._shares
+        if cached is None or cached[0] != weights:
+            cached = (weights, fixed_point_shares(weights))
+            self._shares = cached
+        return cached[1]
+
+    def _deficit_picks(self) -> tuple[list[int], tuple[int, ...]]:
+        size, cursors, lens = self._src.chunk_size, self._cursors, self._lens
+        shares = self._current_shares()
+        remaining = self._remaining()
+        eligible = [
+            d
+            for d, (s, r) in enumerate(zip(shares, remaining, strict=True))
+            if s > 0 and (r is None or r > 0)
+        ]
+        picks: list[int] = []
+        rows: list[int] = []
+        credits = self._credits
+        while len(picks) < size and eligible and not self._ends_lane(remaining):
+            d = credits.pick(eligible)
+            row = self._rows(d, cursors[d], 1)[0]
+            length = lens[d].of(row) if lens is not None else 1
+            credits.charge(d, length, shares, eligible)
+            self._tokens += length
+            cursors[d] += 1
+            picks.append(d)
+            rows.append(row)
+            if remaining[d] is not None:
+                remaining[d] -= 1
+                if remaining[d] <= 0:
+                    eligible = [c for c in eligible if c != d]
+        return picks, tuple(rows)
+
+    def _check_repetition(self, picks: Sequence[int]) -> None:
+        """Warn (once per process and dataset) when a dataset starts repeating while
+        another weighted one has not finished its first epoch."""
+        seen = self._repeat_seen
+        for d in dict.fromkeys(picks):
+            if seen[d]:
+                continue
+            n, C = self._src.lengths[d], self.num_lanes
+            if self.lane + C * (self._cursors[d] - 1) < n:
+                continue  # still in its first epoch
+            seen[d] = True
+            behind = {
+                self._src.component_names[e]: (self.lane + C * self._cursors[e]) / ne
+                for e, ne in enumerate(self._src.lengths)
+                if e != d
+                and self._src.ever_weighted[e]
+                and (self.lane + C * self._cursors[e]) < ne
+                and (self._limits[e] is None or self._cursors[e] < self._limits[e])
+            }
+            if behind:
+                warn_repeat(self._src.component_names, d, behind)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        if self._deficit:
+            return {
+                "version": _DEFICIT_VERSION,
+                "next_chunk_id": self._next_chunk_id,
+                "cursors": list(self._cursors),
+                "deficits": self._credits.state_dict(),
+                "tokens": self._tokens,
+                "retired": self._retired,
+                "exhausted": self._exhausted,
+            }
+        out = {
             "version": _STATE_VERSION,
             "next_chunk_id": self._next_chunk_id,
             "cursors": list(self._cursors),
             "swrr": self._swrr.state_dict(),
             "exhausted": self._exhausted,
         }
+        if self._retired:
+            out["retired"] = self._retired
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position saved by :meth:`state_dict` (O(1), nothing is replayed).
@@ -352,16 +656,26 @@ class StaticMixtureLane:
         where = f"StaticMixtureLane lane={self.lane}"
         if not isinstance(state, Mapping):
             raise CorruptCheckpoint(f"{where}: state must be a dict, got {type(state).__name__}")
-        if set(state) != _STATE_KEYS:
+        want_version = _DEFICIT_VERSION if self._deficit else _STATE_VERSION
+        keys = _DEFICIT_KEYS if self._deficit else _STATE_KEYS
+        got = set(state) - (set() if self._deficit else {"retired"})
+        if state.get("version") != want_version:
+            kind = "token-deficit" if want_version == _DEFICIT_VERSION else "round-robin"
             raise CorruptCheckpoint(
-                f"{where}: state keys {sorted(map(str, state))} != expected {sorted(_STATE_KEYS)}"
+                f"{where}: state version {state.get('version')!r}, but this source schedules "
+                f"by {kind} (version {want_version}): the state comes from a differently "
+                "configured source"
             )
-        version, next_id = state["version"], state["next_chunk_id"]
-        cursors, exhausted = state["cursors"], state["exhausted"]
-        if version != _STATE_VERSION or not _is_int(version):
-            raise CorruptCheckpoint(f"{where}: state version {version!r}, expected 1")
+        if got != keys:
+            raise CorruptCheckpoint(
+                f"{where}: state keys {sorted(map(str, state))} != expected {sorted(keys)}"
+            )
+        next_id, cursors, exhausted = state["next_chunk_id"], state["cursors"], state["exhausted"]
+        retired = state.get("retired", 0)
         if not _is_int(next_id) or next_id < 0:
             raise CorruptCheckpoint(f"{where}: next_chunk_id must be an int >= 0, got {next_id!r}")
+        if not _is_int(retired) or retired < 0:
+            raise CorruptCheckpoint(f"{where}: retired must be an int >= 0, got {retired!r}")
         n_ds = len(self._cursors)
         if not isinstance(cursors, (list, tuple)) or len(cursors) != n_ds:
             raise CorruptCheckpoint(
@@ -375,9 +689,9 @@ class StaticMixtureLane:
                 )
         if not isinstance(exhausted, bool):
             raise CorruptCheckpoint(f"{where}: exhausted must be a bool, got {exhausted!r}")
-        consumed, size = sum(int(c) for c in cursors), self._src.chunk_size
+        consumed, size = sum(int(c) for c in cursors) + int(retired), self._src.chunk_size
         fits = consumed == next_id * size or (
-            exhausted and (next_id - 1) * size < consumed < next_id * size
+            exhausted and (next_id - 1) * size < consumed <= next_id * size
         )
         if not fits:
             raise CorruptCheckpoint(
@@ -388,7 +702,19 @@ class StaticMixtureLane:
             raise CorruptCheckpoint(
                 f"{where}: exhausted={exhausted} contradicts the cursors {list(cursors)!r}"
             )
-        self._swrr.load_state_dict(state["swrr"])  # validates before changing anything
+        if self._deficit:
+            tokens = state["tokens"]
+            if not _is_int(tokens) or tokens < 0:
+                raise CorruptCheckpoint(f"{where}: tokens must be an int >= 0, got {tokens!r}")
+            self._credits.load_state_dict(state["deficits"])  # validates first
+            self._tokens = int(tokens)
+        else:
+            self._swrr.load_state_dict(state["swrr"])  # validates before changing anything
         self._cursors = [int(c) for c in cursors]
+        self._retired = int(retired)
         self._next_chunk_id = int(next_id)
         self._exhausted = exhausted
+        self._repeat_seen = [
+            self.lane + self.num_lanes * (c - 1) >= n
+            for c, n in zip(self._cursors, self._src.lengths, strict=True)
+        ]

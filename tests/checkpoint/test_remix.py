@@ -1,0 +1,221 @@
+"""Re-mixing at a restore: weights changed, a dataset added, a dataset removed.
+
+Each case checks what the re-mix promises: nothing delivered before the cut comes
+again and no position is skipped (each lane keeps reading its own positions of every
+dataset, in order), the new weights take over, and a second resume of the re-mixed
+run is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from helpers import CODE, PROSE, byte_tokenize, make_docs
+
+from zephon_core import IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
+from zephon_core.testing import assert_streams_equal, take
+
+MATH = make_docs(70, 5, 300, 3, "m")
+DATA = {"prose": PROSE, "code": CODE, "math": MATH}
+LANES = 3
+SEED = 7
+
+
+def _pipe(weights: dict, unit: str = "tokens", ordered: bool = True, **kw) -> Pipeline:
+    datasets = {n: DATA[n] for n in weights}
+    lengths = {n: [len(d["text"].encode()) for d in ds] for n, ds in datasets.items()}
+    src = StaticMixtureWorkSource(
+        datasets,
+        weights,
+        chunk_size=8,
+        seed=SEED,
+        weights_unit=unit,
+        lengths=lengths if unit == "tokens" else None,
+        **kw,
+    )
+    pipe = Pipeline(src, canonical_replicas=LANES, seed=5).fetch().map(byte_tokenize, name="tok")
+    if not ordered:  # reorders: inflight chunks and flush boundaries matter
+        pipe = (
+            Pipeline(src, canonical_replicas=LANES, flush_every_k_chunks=2, seed=5)
+            .fetch()
+            .map(byte_tokenize, name="tok")
+            .shuffle(buffer_size=5)
+        )
+    return pipe
+
+
+def _cut(weights: dict, n: int, **kw) -> tuple[list, dict]:
+    with _pipe(weights, **kw) as pipe:
+        out = take(pipe, n)
+        return out, pipe.checkpoint()
+
+
+def _lane_rows(names: list[str], lane: int, name: str, count: int) -> list[int]:
+    """The rows a lane reads of one dataset, in order (its positions lane, lane + C, ...)."""
+    src = StaticMixtureWorkSource({n: DATA[n] for n in names}, chunk_size=8, seed=SEED)
+    return src.open_lane(lane, LANES, seed=0)._rows(names.index(name), 0, count)
+
+
+def _check_positions(outputs: list[dict], names: list[str], slack: int = 0) -> None:
+    """No document twice, and per lane and dataset a gap-free prefix of its positions
+    (but for the last ``slack`` ones, which a shuffle buffer may still hold)."""
+    ids = [o["id"] for o in outputs]
+    assert len(ids) == len(set(ids)), "a document was delivered twice"
+    for name in names:
+        letter = name[0]
+        rows = {int(i[1:]) for i in ids if i[0] == letter}
+        for lane in range(LANES):
+            mine = _lane_rows(names, lane, name, len(DATA[name]) // LANES)
+            got = [r in rows for r in mine]
+            k = sum(got)
+            settled = max(0, k - slack)
+            assert all(got[:settled]), f"lane {lane} skipped a position of {name}"
+
+
+def _token_share(outputs: list[dict], letter: str) -> float:
+    n = [len(o["input_ids"]) for o in outputs]
+    mine = [len(o["input_ids"]) for o in outputs if o["id"][0] == letter]
+    return sum(mine) / sum(n)
+
+
+def _second_resume_is_exact(pipe_fn, state: dict, warm: int, more: int = 20) -> None:
+    with pipe_fn() as a:
+        a.load_state_dict(state)
+        take(a, warm)
+        mid = a.checkpoint()
+        expected = take(a, more)
+    with pipe_fn() as b:
+        b.load_state_dict(mid)
+        assert_streams_equal(take(b, more), expected, "second resume")
+
+
+@pytest.mark.parametrize("unit", ["tokens", "documents"])
+def test_changed_weights_keep_positions_and_follow_the_new_mix(unit):
+    old, new = {"prose": 0.8, "code": 0.2}, {"prose": 0.2, "code": 0.8}
+    before, state = _cut(old, 20, unit=unit)
+    with pytest.raises(IncompatibleCheckpoint, match="allow_changes=\\{'weights'\\}"):
+        _pipe(new, unit=unit).load_state_dict(state)
+    with _pipe(new, unit=unit) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        after = take(pipe, 100)
+    _check_positions(before + after, ["prose", "code"])
+    if unit == "tokens":
+        assert _token_share(before, "p") > 0.6
+        assert _token_share(after[40:], "p") < 0.35
+    _second_resume_is_exact(lambda: _pipe(new, unit=unit), state_after_remix(state, new, unit), 7)
+
+
+def state_after_remix(state: dict, weights: dict, unit: str = "tokens", **kw) -> dict:
+    """The re-mixed run's state right after the restore (its own fingerprint)."""
+    with _pipe(weights, unit=unit, **kw) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights", "components"})
+        take(pipe, 1)
+        return pipe.checkpoint()
+
+
+def test_replay_under_reordering_operators_delivers_nothing_twice():
+    old, new = {"prose": 0.7, "code": 0.3}, {"prose": 0.3, "code": 0.7}
+    for cut in (5, 13, 22):
+        before, state = _cut(old, cut, ordered=False)
+        with _pipe(new, ordered=False) as pipe:
+            pipe.load_state_dict(state, allow_changes={"weights"})
+            after = take(pipe, 90)
+        _check_positions(before + after, ["prose", "code"], slack=8)
+        _second_resume_is_exact(
+            lambda: _pipe(new, ordered=False),
+            state_after_remix(state, new, ordered=False),
+            warm=6,
+        )
+
+
+def test_an_added_dataset_starts_at_its_beginning():
+    before, state = _cut({"prose": 0.7, "code": 0.3}, 20)
+    new = {"prose": 0.4, "code": 0.3, "math": 0.3}
+    with pytest.raises(IncompatibleCheckpoint, match="components"):
+        _pipe(new).load_state_dict(state, allow_changes={"weights"})
+    with _pipe(new) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights", "components"})
+        after = take(pipe, 90)
+    assert not any(o["id"][0] == "m" for o in before)
+    assert any(o["id"][0] == "m" for o in after)
+    _check_positions(before + after, ["prose", "code", "math"])
+    _second_resume_is_exact(lambda: _pipe(new), state_after_remix(state, new), warm=9)
+
+
+def test_a_removed_dataset_leaves_through_weight_zero():
+    three = {"prose": 0.4, "code": 0.3, "math": 0.3}
+    before, state = _cut(three, 20)
+    # math still has rows in the inflight chunks: removing it now is refused, with the fix
+    with pytest.raises(IncompatibleCheckpoint, match="weight 0 for this restore"):
+        _pipe({"prose": 0.5, "code": 0.5}).load_state_dict(
+            state, allow_changes={"weights", "components"}
+        )
+    zero = {"prose": 0.5, "code": 0.5, "math": 0.0}
+    with _pipe(zero) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        middle = take(pipe, 60)
+        later = pipe.checkpoint()
+    assert not any(o["id"][0] == "m" for o in middle[20:])  # only the inflight ones
+    # once the inflight chunks are gone, the dataset can leave the configuration
+    two = {"prose": 0.5, "code": 0.5}
+    with _pipe(two) as pipe:
+        pipe.load_state_dict(later, allow_changes={"weights", "components"})
+        after = take(pipe, 40)
+    assert not any(o["id"][0] == "m" for o in after)
+    _check_positions(before + middle + after, ["prose", "code", "math"])
+    _second_resume_is_exact(lambda: _pipe(two), state_after_remix(later, two), warm=5)
+
+
+def test_other_changes_are_still_refused_with_weights_allowed():
+    _, state = _cut({"prose": 0.7, "code": 0.3}, 10)
+    src = StaticMixtureWorkSource(
+        {"prose": PROSE, "code": CODE}, {"prose": 0.5, "code": 0.5}, chunk_size=16, seed=SEED
+    )
+    other = Pipeline(src, canonical_replicas=LANES, seed=5).fetch().map(byte_tokenize, name="tok")
+    with pytest.raises(IncompatibleCheckpoint, match="chunk_size"):
+        other.load_state_dict(state, allow_changes={"weights", "components"})
+
+
+def test_reordered_datasets_are_refused():
+    _, state = _cut({"prose": 0.7, "code": 0.3}, 10)
+    with pytest.raises(IncompatibleCheckpoint, match="moved from position"):
+        _pipe({"code": 0.5, "prose": 0.5}).load_state_dict(
+            state, allow_changes={"weights", "components"}
+        )
+
+
+def test_remix_under_ensure_mixture_warns(caplog):
+    def build(weights):
+        return (
+            Pipeline(
+                StaticMixtureWorkSource(
+                    {"prose": PROSE, "code": CODE}, weights, chunk_size=8, seed=SEED
+                ),
+                canonical_replicas=2,
+                flush_every_k_chunks=2,
+            )
+            .fetch()
+            .map(byte_tokenize)
+            .ensure_mixture(window=4)
+        )
+
+    with build({"prose": 0.7, "code": 0.3}) as pipe:
+        take(pipe, 11)
+        state = pipe.checkpoint()
+    with caplog.at_level(logging.WARNING), build({"prose": 0.3, "code": 0.7}) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        assert len(take(pipe, 5)) == 5
+    assert "ensure_mixture" in caplog.text and "another order" in caplog.text
+
+
+def test_unchanged_weights_allowed_is_a_plain_exact_resume():
+    weights = {"prose": 0.7, "code": 0.3}
+    with _pipe(weights) as ref:
+        expected = take(ref, 40)[15:]
+    _, state = _cut(weights, 15)
+    with _pipe(weights) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        assert_streams_equal(take(pipe, 25), expected, "allowed but unchanged")
+    assert np.isfinite(_token_share(expected, "p"))

@@ -1,0 +1,156 @@
+"""Re-mixing at a restore: new weights, new or removed datasets, positions kept.
+(``docs/design.md`` §8)
+
+Why: changing the mixture mid-run (an annealing phase, an ablation, a new dataset) is
+the usual deliberate change, and a restore would otherwise refuse it as another
+configuration. ``load_state_dict(state, allow_changes={"weights"})`` (and
+``"components"`` to add or remove datasets) translates the checkpoint instead:
+
+* every dataset in both mixtures keeps its cursors, so its position and epoch
+  counters continue; a new dataset starts at its beginning;
+* the inflight chunks replay exactly as they were written (they are renumbered to the
+  new dataset order), so everything delivered before the cut stays delivered once;
+  chunks after them follow the new weights, with the scheduler's credits started
+  afresh;
+* the translated state carries the new fingerprint, so the re-mixed run's own
+  checkpoints resume exactly.
+
+Datasets keep their places (each one's shuffle is keyed by its position): new ones are
+appended, removed ones leave from the end. A removed dataset may still have pointers
+in the inflight chunks; they must be read to replay exactly, so such a restore is
+refused with the fix: keep the dataset with weight 0 for this restore (nothing new is
+read from it) and drop it at a later checkpoint, once its inflight chunks are gone.
+
+Operators that use the source weights themselves (``ensure_mixture`` without its
+own ``weights=``) replay under the new targets: records held in its window at the cut
+may be reordered across the cut once; a warning says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import IncompatibleCheckpoint
+from ..sources.chunk import WorkChunk
+from .fingerprint import config_diff
+from .state import LaneState, PipelineState
+
+log = logging.getLogger(__name__)
+
+#: the allow_changes= names that re-mix
+REMIX_CHANGES = frozenset({"weights", "components"})
+
+
+def mixture_only_diff(saved: Mapping[str, Any], current: Mapping[str, Any], source: Any):
+    """(other differences, mixture differences, component differences) of two configs."""
+    mix_keys = getattr(source, "MIXTURE_KEYS", frozenset())
+    comp_keys = getattr(source, "COMPONENT_KEYS", frozenset())
+    other, mix, comp = [], [], []
+    for line in config_diff(saved, current):
+        path = line.split(":", 1)[0]
+        head = path.split(".")
+        key = head[1].split("[", 1)[0] if len(head) > 1 and head[0] == "source" else None
+        if key in comp_keys:
+            comp.append(line)
+        elif key in mix_keys:
+            mix.append(line)
+        else:
+            other.append(line)
+    return other, mix, comp
+
+
+def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineState:
+    """``state`` translated for ``plan``'s mixture (see the module docstring).
+
+    Raises:
+        IncompatibleCheckpoint: anything beyond the allowed mixture changes differs, a
+            removed dataset is still inflight, or the source cannot re-mix.
+    """
+    source = plan.source
+    other, mix, comp = mixture_only_diff(state.config, plan.config, source)
+    refused = list(other)
+    if comp and "components" not in allowed:
+        refused += comp + ["(datasets were added or removed: allow_changes={'components'})"]
+    if mix and not allowed & REMIX_CHANGES:
+        refused += mix
+    if refused:
+        raise IncompatibleCheckpoint(
+            "the checkpoint was written by a differently configured pipeline: "
+            + "; ".join(refused[:10])
+            + ". Rebuild the pipeline as it was; only the mixture may change at a restore "
+            "(allow_changes={'weights'} / {'weights', 'components'})"
+        )
+    translate = getattr(source, "remix_lane_state", None)
+    if translate is None:
+        raise IncompatibleCheckpoint(
+            f"the source {type(source).__name__} cannot re-mix a checkpoint "
+            "(it has no remix_lane_state): rebuild it exactly as it was"
+        )
+    old_names = list(state.config["source"]["names"])
+    new_names = list(source.component_names)
+    index = {d: (new_names.index(n) if n in new_names else None) for d, n in enumerate(old_names)}
+    moved = [(old_names[d], d, i) for d, i in index.items() if i is not None and i != d]
+    if moved:
+        name, d, i = moved[0]
+        raise IncompatibleCheckpoint(
+            f"dataset {name!r} moved from position {d} to {i} in the mixture; its shuffle is "
+            "keyed by its position, so its rows would change: keep the existing datasets in "
+            "their order, append new ones at the end, and leave a dataset in place with "
+            "weight 0 rather than removing it from the middle"
+        )
+    lanes = {}
+    for lane, ls in state.lanes.items():
+        lanes[lane] = _remix_lane(ls, old_names, new_names, index, translate)
+    if mix and _uses_source_weights(plan):
+        log.warning(
+            "re-mixing under operators that read the source weights (%s): their replay "
+            "follows the new targets, so records held in their windows at the cut may "
+            "come in another order around it once",
+            ", ".join(op.name for op in plan.ops if _reads_weights(op)),
+        )
+    log.info(
+        "re-mixed the checkpoint: datasets %s -> %s (%s)",
+        old_names,
+        new_names,
+        "; ".join((mix + comp)[:6]),
+    )
+    return dataclasses.replace(state, fingerprint=plan.fingerprint, config=plan.config, lanes=lanes)
+
+
+def _remix_lane(ls: LaneState, old_names, new_names, index, translate) -> LaneState:
+    if ls.exhausted:
+        raise IncompatibleCheckpoint(
+            f"lane {ls.lane} of the checkpoint had ended; a finished stream cannot be "
+            "re-mixed: start a new run over the new mixture"
+        )
+    chunks = []
+    for ch in ls.chunks:
+        gone = [old_names[c] for c in ch.components if index[c] is None]
+        if gone:
+            raise IncompatibleCheckpoint(
+                f"dataset {gone[0]!r} was removed, but lane {ls.lane}'s inflight chunk "
+                f"{ch.chunk_id} still points into it ({len(gone)} rows), and replay must "
+                f"read them: keep {gone[0]!r} in datasets with weight 0 for this restore "
+                "(nothing new is read from it) and remove it at a later checkpoint"
+            )
+        components = tuple(index[c] for c in ch.components)
+        chunks.append(WorkChunk(ch.lane, ch.chunk_id, components, ch.rows, ch.seed))
+    tokens = [0] * len(new_names)
+    for d, t in enumerate(ls.tokens):
+        if index.get(d) is not None:
+            tokens[index[d]] = t
+    new = ls.copy()
+    new.chunks, new.tokens = chunks, tokens
+    new.source = translate(old_names, ls.source)
+    return new
+
+
+def _reads_weights(op: Any) -> bool:
+    return getattr(op, "reads_source_weights", False)
+
+
+def _uses_source_weights(plan: Any) -> bool:
+    return any(_reads_weights(op) for op in plan.ops)
