@@ -12,6 +12,7 @@ import bench_core  # noqa: E402
 import bench_distributed  # noqa: E402
 import bench_hf  # noqa: E402
 import bench_hf_trainer  # noqa: E402
+import bench_mixture  # noqa: E402
 import bench_runners  # noqa: E402
 import bench_vs_grain  # noqa: E402
 
@@ -25,6 +26,7 @@ if __name__ == "__main__":
                 "hf_fetch": bench_hf.main(),
                 "hf_trainer_data_path": bench_hf_trainer.main(),
                 "runners_gil_bound_map": bench_runners.main(),
+                "mixture_token_share": bench_mixture.main(),
             },
             indent=2,
         )

@@ -77,7 +77,11 @@ def main() -> None:
         print(
             f"uninterrupted run: {TOTAL} batches of {BATCH}x{SEQ_LEN} in {elapsed:.2f}s "
             f"({TOTAL / elapsed:.0f} batches/s), padding {stats['padding_ratio']:.1%}, "
-            "token share " + ", ".join(f"{k} {v:.1%}" for k, v in stats["mixture_share"].items())
+            "token share "
+            + ", ".join(
+                f"{k} {m['token_share']:.1%} (target {m['token_share_target']:.0%})"
+                for k, m in stats["mixture"].items()
+            )
         )
         results = {}
         for phase in ("head", "tail"):

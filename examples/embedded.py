@@ -1,8 +1,8 @@
 """The embedded default job shared by the examples: data, tokenizer, pipeline.
 
 Data is real text that ships with Python (``zephon_core.testing.corpora``): the
-``pydoc_data.topics`` documentation as prose (weight 0.7) and the standard
-library's source as code (0.3). The tokenizer is a small byte-level BPE trained
+``pydoc_data.topics`` documentation as prose (70 % of the tokens) and the standard
+library's source as code (30 %). The tokenizer is a small byte-level BPE trained
 on the spot with ``tokenizers`` -- nothing downloads.
 """
 
@@ -62,11 +62,15 @@ def build_pipeline(
     tokenizer_path: Path, seq_len: int = 512, batch_size: int = 8, lanes: int = 4
 ) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
+    # token shares, as LLM mixtures are stated; the pipeline measures each document's
+    # length with its own tokenizer when it compiles (both corpora are small enough to
+    # be measured whole)
     source = StaticMixtureWorkSource(
         {"prose": corpora.prose(), "code": corpora.code()},
         {"prose": 0.7, "code": 0.3},
         chunk_size=16,
         seed=2026,
+        weights_unit="tokens",
     )
     return (
         Pipeline(source, canonical_replicas=lanes, flush_every_k_chunks=2, seed=2026)

@@ -129,12 +129,12 @@ def plot(path: Path, full: list, resumed: list, n: int, metrics: dict) -> None:
     ax1.set_ylabel("loss")
     ax1.set_title("Loss: resumed run retraces the uninterrupted one")
     ax1.legend()
-    names = sorted({k.split("_")[1] for k in metrics if k.startswith("zephon/mix_")})
-    real = [metrics[f"zephon/mix_{n_}"] for n_ in names]
-    target = [metrics[f"zephon/mix_{n_}_target"] for n_ in names]
+    names = sorted(k.split("/")[-1] for k in metrics if k.startswith("zephon/token_share/"))
+    real = [metrics[f"zephon/token_share/{n_}"] for n_ in names]
+    target = [metrics[f"zephon/token_share_target/{n_}"] for n_ in names]
     xs = range(len(names))
-    ax2.bar([x - 0.2 for x in xs], target, 0.4, label="target (documents)")
-    ax2.bar([x + 0.2 for x in xs], real, 0.4, label="realized (tokens delivered)")
+    ax2.bar([x - 0.2 for x in xs], target, 0.4, label="target (token share)")
+    ax2.bar([x + 0.2 for x in xs], real, 0.4, label="realized (token share delivered)")
     ax2.set_xticks(list(xs), names)
     ax2.set_title("Mixture share")
     ax2.set_ylim(0, 1)
@@ -187,12 +187,14 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     png = Path(args.out) / "lightning_resume.png"
     plot(png, full, resumed, n, full_dm.final_metrics)
+    fm = full_dm.final_metrics
+    names = [k.split("/")[-1] for k in fm if k.startswith("zephon/token_share/")]
     mix = ", ".join(
-        f"{k.split('_')[1]} {v:.1%}"
-        for k, v in full_dm.final_metrics.items()
-        if k.startswith("zephon/mix_") and not k.endswith("target")
+        f"{n_} {fm['zephon/token_share/' + n_]:.1%} "
+        f"(target {fm['zephon/token_share_target/' + n_]:.0%})"
+        for n_ in names
     )
-    print(f"\nrealized token share: {mix} (targets are per document); plot: {png}")
+    print(f"\nrealized token share: {mix}; plot: {png}")
     if len(resumed) != len(tail) or not all(same):
         first = same.index(False) if False in same else min(len(same), len(tail))
         print(f"\nSTREAMS DIFFER at step {n + first}")

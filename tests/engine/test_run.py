@@ -377,8 +377,7 @@ STATS_KEYS = {
     "inflight_chunks",
     "queue_depths",
     "chunks_replayed",
-    "mixture_share",
-    "mixture_target",
+    "mixture",
     "padding_ratio",
 }
 
@@ -397,11 +396,30 @@ def test_stats_keys_and_values():
         isinstance(v, int) and v >= len(ls["chunks"])
         for v, ls in zip(s["inflight_chunks"].values(), state["lanes"])
     )
-    assert set(s["mixture_share"]) == {"prose", "code"}
-    assert abs(sum(s["mixture_share"].values()) - 1) < 1e-9
-    assert s["mixture_target"] == pytest.approx({"prose": 0.7, "code": 0.3})
+    mix = s["mixture"]
+    assert set(mix) == {"prose", "code"}
+    assert abs(sum(m["token_share"] for m in mix.values()) - 1) < 1e-9
+    assert abs(sum(m["document_share"] for m in mix.values()) - 1) < 1e-9
+    # document weights: the target is stated in documents, never as a token share
+    assert mix["prose"]["document_share_target"] == pytest.approx(0.7)
+    assert "token_share_target" not in mix["prose"]
+    assert mix["code"]["epochs"] == pytest.approx(mix["code"]["documents"] / 90)
     assert 0 <= s["padding_ratio"] < 1
     assert s["outputs_per_s"] > 0
+
+
+def test_stats_count_scheduled_documents_and_delivered_tokens():
+    with reference_pipeline(prefetch=0) as pipe:
+        outputs = take(pipe, 30)
+        mix = pipe.stats()["mixture"]
+        state = pipe.checkpoint()
+    # documents: what the lanes' sources scheduled (the inflight chunks included)
+    docs = sum(sum(ls["source"]["cursors"]) for ls in state["lanes"])
+    assert sum(m["documents"] for m in mix.values()) == docs
+    # tokens: what the delivered outputs carry, per dataset
+    delivered = [sum(ls["tokens"][i] for ls in state["lanes"]) for i in range(2)]
+    assert [mix["prose"]["tokens"], mix["code"]["tokens"]] == delivered
+    assert sum(delivered) == sum(int(o["attention_mask"].sum()) for o in outputs)
 
 
 def test_stats_after_restore_reports_replayed_chunks():

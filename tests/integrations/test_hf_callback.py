@@ -14,7 +14,7 @@ import shutil
 import pytest
 from helpers import byte_tokenize, source
 from hf_helpers import CrashAt, LossLog, make_pipeline, ragged_pipeline, reference, tiny_model
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from zephon_core import ConfigError, MissingCheckpointState, Pipeline
 from zephon_core.checkpoint import codec
@@ -230,3 +230,36 @@ def test_an_interrupted_save_names_the_latest_complete_checkpoint(tmp_path):
     lone.mkdir(parents=True)
     with pytest.raises(MissingCheckpointState, match="not written with"):
         read_state(str(lone))
+
+
+def test_zephon_metrics_reach_the_trainer_logs(tmp_path):
+    model = tiny_model()
+    zephon = ZephonCallback(make_pipeline)
+    seen = LogKeys()
+    trainer = Trainer(
+        model=model,
+        args=make_args(tmp_path / "m", 4),
+        train_dataset=zephon.train_dataset,
+        callbacks=[zephon, seen],  # after the callback: it sees the metrics in the logs
+    )
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 4
+    for h in logged:
+        assert 0 < h["zephon/token_share/prose"] < 1
+        # document weights: the target is stated as a document share
+        assert h["zephon/document_share_target/prose"] == pytest.approx(0.7)
+        assert "zephon/token_share_target/prose" not in h
+        assert h["zephon/epochs/code"] > 0
+    tokens = [h["zephon/tokens/prose"] + h["zephon/tokens/code"] for h in logged]
+    assert tokens == sorted(tokens) and tokens[0] > 0  # cumulative, growing
+    assert seen.keys and all("zephon/token_share/prose" in keys for keys in seen.keys)
+
+
+class LogKeys(TrainerCallback):
+    def __init__(self):
+        self.keys = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.keys.append(set(logs))

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 from hf_helpers import CrashAt, fingerprint, make_pipeline, reference
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
 from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
@@ -117,3 +117,35 @@ def test_resume_reproduces_losses_with_dropout(tmp_path):
     tail = run(tmp_path / "b", 9, resume=True, losses=tail_losses)
     assert tail == full[6:]
     assert tail_losses == full_losses[6:]
+
+
+def test_zephon_metrics_are_logged_before_the_reporting_callbacks(tmp_path):
+    class Keys(TrainerCallback):
+        def __init__(self):
+            self.keys = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.keys.append(set(logs))
+
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "m"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        logging_steps=2,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    seen = Keys()
+    t = ZephonTrainer(model=model, args=args, pipeline=make_pipeline, callbacks=[seen])
+    t.train()
+    logged = [h for h in t.state.log_history if "loss" in h]
+    assert len(logged) == 2 and len(seen.keys) == 2
+    for h, keys in zip(logged, seen.keys):
+        assert 0 < h["zephon/token_share/prose"] < 1 and "zephon/token_share/prose" in keys
+        assert h["zephon/documents/code"] > 0

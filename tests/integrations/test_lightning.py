@@ -271,8 +271,10 @@ def test_data_metrics_reach_the_logger(tmp_path):
         "zephon/records_per_s",
         "zephon/tokens_per_s",
         "zephon/padding_ratio",
-        "zephon/mix_prose",
-        "zephon/mix_prose_target",
+        "zephon/token_share/prose",
+        "zephon/document_share/prose",
+        "zephon/document_share_target/prose",
+        "zephon/epochs/code",
         "zephon/inflight_chunks",
     ]
     values = {k: [float(r[k]) for r in rows if r.get(k) not in (None, "")] for k in wanted}
@@ -282,8 +284,12 @@ def test_data_metrics_reach_the_logger(tmp_path):
     assert all(v > 0 for v in values["zephon/records_per_s"])
     assert all(v > 0 for v in values["zephon/tokens_per_s"])
     assert all(0 <= v < 1 for v in values["zephon/padding_ratio"])
-    assert all(0 < v < 1 for v in values["zephon/mix_prose"])
-    assert all(v == pytest.approx(0.7) for v in values["zephon/mix_prose_target"])
+    assert all(0 < v < 1 for v in values["zephon/token_share/prose"])
+    assert all(0 < v < 1 for v in values["zephon/document_share/prose"])
+    # document weights: the target is a document share, and no token target is claimed
+    assert all(v == pytest.approx(0.7) for v in values["zephon/document_share_target/prose"])
+    assert "zephon/token_share_target/prose" not in rows[0]
+    assert all(v > 0 for v in values["zephon/epochs/code"])
     assert all(v >= 0 for v in values["zephon/inflight_chunks"])
 
 

@@ -203,3 +203,27 @@ def test_document_weighted_sources_describe_themselves_as_before():
         "num_epochs",
     }
     assert _source(unit="documents").open_lane(0, 2, 1).state_dict()["version"] == 1
+
+
+class _Calls:  # a counter the function fingerprint does not digest (not a constant)
+    n = 0
+
+
+_CALLS = _Calls()
+
+
+def _counting(p):
+    _CALLS.n += 1
+    return byte_tokenize(p)
+
+
+def test_the_estimate_is_measured_once_per_source_and_tokenizer():
+    src = StaticMixtureWorkSource({"prose": PROSE, "code": CODE}, weights_unit="tokens")
+    _CALLS.n = 0
+    Pipeline(src, canonical_replicas=2).fetch().map(_counting, name="tok").compile()
+    assert _CALLS.n == len(PROSE) + len(CODE)
+    Pipeline(src, canonical_replicas=3).fetch().map(_counting, name="tok").compile()
+    assert _CALLS.n == len(PROSE) + len(CODE)  # the same source, tokenizer and seed: cached
+    fresh = StaticMixtureWorkSource({"prose": PROSE, "code": CODE}, weights_unit="tokens")
+    Pipeline(fresh, canonical_replicas=2).fetch().map(_counting, name="tok").compile()
+    assert _CALLS.n == 2 * (len(PROSE) + len(CODE))  # another source object: measured

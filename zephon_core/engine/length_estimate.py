@@ -13,6 +13,7 @@ allowed.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,16 @@ def estimate_lengths(source: Any, ops: Sequence[Operator], seed: int) -> Any:
     if not missing:
         return source
     chain = _leading_chain(ops)
+    # measured once per source and operators: DataLoader workers and later compiles of a
+    # pickled or reused source find the result on it (a cache, never part of the config)
+    key = json.dumps(
+        [seed, [[op.describe(), op.content_fingerprint()] for op in chain]],
+        sort_keys=True,
+        default=str,
+    )
+    cache = source.__dict__.setdefault("_length_cache", {})
+    if key in cache:
+        return source.with_lengths(cache[key])
     measured = {}
     for d in missing:
         n = source.lengths[d]
@@ -60,6 +71,7 @@ def estimate_lengths(source: Any, ops: Sequence[Operator], seed: int) -> Any:
             measured[d].how,
             measured[d].average(),
         )
+    cache[key] = measured
     return source.with_lengths(measured)
 
 

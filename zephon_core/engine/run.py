@@ -27,6 +27,7 @@ from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
 from .compile import Plan
 from .lane_stream import END_OF_LANE, LaneStream, Output
+from .mixture_report import mixture_report
 from .processes import StagePool, can_start_processes
 from .pump import Pump
 from .stats import OpStats
@@ -203,16 +204,15 @@ class PipelineRun:
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
-        tokens = [0] * len(self.plan.source.component_names)
-        for d in self.delivered.values():
-            for i, t in enumerate(d.tokens):
-                tokens[i] += t
-        total = sum(tokens) or 1
-        names = self.plan.source.component_names
         b = self.plan.batch_index
         batches = [s.ops[b] for s in self.streams.values()] if b is not None else []
         pad = sum(op.pad_tokens for op in batches)
         slots = sum(op.total_tokens for op in batches)
+        mixture = mixture_report(
+            self.plan.source,
+            (d.tokens for d in self.delivered.values()),
+            (s.source.state_dict() for s in self.streams.values()),
+        )
         return {
             "outputs": self.outputs_taken,
             "outputs_per_s": self.outputs_taken / elapsed if elapsed > 0 else 0.0,
@@ -222,8 +222,7 @@ class PipelineRun:
             "queue_depths": self.pump.queued() if self.pump else {},
             "chunks_replayed": self.chunks_replayed,
             "operators": {op.name: st.as_dict() for op, st in zip(self.plan.ops, self.op_stats)},
-            "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
-            "mixture_target": dict(zip(names, self.plan.source.weights)),
+            "mixture": mixture,
             "padding_ratio": pad / slots if slots else 0.0,
         }
 

@@ -32,6 +32,7 @@ from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
 from ..validate import int_arg
 from .handle import StreamHandle, _failed_earlier
+from .mixture_report import mixture_report
 from .run import PipelineRun, Skip, initial_state
 
 if TYPE_CHECKING:
@@ -151,19 +152,15 @@ class RankConsumer:
         )
 
     def stats(self) -> dict[str, Any]:
-        names = self.plan.source.component_names
-        tokens = [0] * len(names)
-        for m in self.mirrors.values():
-            for i, t in enumerate(m.tokens):
-                tokens[i] += t
-        total = sum(tokens) or 1
+        mirrors = list(self.mirrors.values())
         return {
             "outputs": self.served,
             "position": self.position(),
             "lanes": list(self.order),
             "inflight_chunks": {lane: len(m.chunks) for lane, m in self.mirrors.items()},
-            "mixture_share": {names[i]: t / total for i, t in enumerate(tokens)},
-            "mixture_target": dict(zip(names, self.plan.source.weights)),
+            "mixture": mixture_report(
+                self.plan.source, (m.tokens for m in mirrors), (m.source for m in mirrors)
+            ),
         }
 
 

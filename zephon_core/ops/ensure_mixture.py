@@ -6,6 +6,21 @@ leaves: the oldest held record whose main component (the one contributing most
 tokens; ties: lowest index) is the most under-represented component (largest
 ``target_share * total - emitted`` tokens; ties: lowest index) among those
 present in the window. ``flush`` drains the window in that same deficit order.
+
+What it guarantees (its deficit state is the tokens emitted per component since the
+lane's last flush): as long as every component with a positive target has a record in
+the window at each release, the emitted tokens of each component stay within one
+record's tokens of ``target * emitted`` -- the local share is then exact up to one
+packed row. When a component is missing from the window (a long document of another
+component fills it), nothing can be corrected and the deviation grows by what is
+released. So it bounds the local error over flush segments whose components arrive
+within ``window`` records of each other; it cannot reorder across flushes (they drain
+it) or invent records that have not arrived.
+
+In practice (``benchmarks/bench_mixture.py``): the source's token weights
+(``weights_unit="tokens"``) set the long-run share; ``ensure_mixture`` only smooths
+within a flush segment, and adds little when single documents are longer than the
+window (the demo corpus has source files of up to 69k tokens).
 """
 
 from __future__ import annotations

@@ -7,17 +7,21 @@ of every document is known before it is fetched (a length column, ``lengths=`` o
 an estimate), so the source can schedule by tokens directly.
 
 The rule (smooth weighted round-robin generalized to lengths): each component has a
-deficit, the tokens it is owed relative to its share. The next document comes from
-the eligible component with the largest deficit (ties: lowest index); a document of
-``L`` tokens then credits every eligible component ``share * L`` and debits the
-picked one ``L``. Shares are fixed-point ints summing to ``SHARE_SCALE``, so the
-arithmetic is exact and the state is one int per component.
+deficit ``D_c``, the tokens it is owed relative to its share. Reading a document of
+``L`` tokens from ``c`` credits every eligible component ``share * L`` and debits ``c``
+by ``L``. The next document is the one whose reading leaves the deficits smallest: the
+eligible ``c`` minimizing the sum of squared deficits after it, with ``L`` the length of
+``c``'s next document (known before it is read). A long document therefore waits until
+its component is owed about half of it, and then swings the deficit to about minus
+half, instead of from 0 to minus all of it. Ties go to the lowest index. Shares are
+fixed-point ints summing to ``SHARE_SCALE``, so the arithmetic is exact, and the state
+is one int per component.
 
-Guarantee: the deficits stay within one document length of zero, so over any span
-of ``T`` scheduled tokens a lane's share of component ``c`` is within
-``~2 * max_len / T`` of its target (``max_len`` the longest document), and the
-global stream, which interleaves the lanes, within ``num_lanes`` times that. With
-all documents of length 1 this is exactly document-weighted smooth round-robin.
+Guarantee: every deficit stays within about half the longest document of zero, so
+over any span of ``T`` scheduled tokens a lane's share of a component is within about
+``max_len / T`` of its target, and the global stream, which interleaves the lanes,
+within ``num_lanes`` times that. With all documents of length 1 the rule is exactly
+smooth weighted round-robin (``mixture.py``).
 """
 
 from __future__ import annotations
@@ -37,13 +41,26 @@ class TokenDeficit:
     def __init__(self, n: int) -> None:
         self.deficits: list[int] = [0] * n
 
-    def pick(self, eligible: Sequence[int]) -> int:
-        """The eligible component with the largest deficit (ties: lowest index)."""
+    def pick(self, eligible: Sequence[int], lengths: Sequence[int], shares: Sequence[int]) -> int:
+        """The eligible component whose next document (``lengths[c]`` tokens) leaves the
+        smallest sum of squared deficits (ties: lowest index)."""
         d = self.deficits
-        best = eligible[0]
-        for c in eligible[1:]:
-            if d[c] > d[best]:
-                best = c
+        total = 0
+        a = 0  # sum of W_j * D_j
+        b = 0  # sum of W_j ** 2
+        for c in eligible:
+            w = shares[c]
+            total += w
+            a += w * d[c]
+            b += w * w
+        best, best_cost = eligible[0], None
+        for c in eligible:
+            L = lengths[c]
+            # sum_j (D_j + W_j L - [j = c] S L)^2, without the constant sum_j D_j^2
+            cost = 2 * L * a + L * L * b - 2 * total * L * (d[c] + shares[c] * L)
+            cost += total * total * L * L
+            if best_cost is None or cost < best_cost:
+                best, best_cost = c, cost
         return best
 
     def charge(self, picked: int, length: int, shares: Sequence[int], eligible: Sequence[int]):

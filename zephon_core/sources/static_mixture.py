@@ -190,6 +190,14 @@ class StaticMixtureWorkSource:
         self.needs_tokens = needs_tokens
         self._getitems = [getattr(d, "__getitems__", None) for d in dss]
 
+    def weights_at(self, tokens: float = 0, documents: float = 0) -> tuple[float, ...]:
+        """The normalized weights in force at a global position (read off the schedule,
+        if any, at ``tokens`` or ``documents`` consumed)."""
+        if self.schedule is None:
+            return self._table[0][1]
+        pos = tokens if self.schedule.by == "tokens" else documents
+        return weights_at(self._table, float(pos))
+
     def _weight_list(self, weights: Mapping[str, float] | Sequence[float] | None) -> list[float]:
         if weights is None:
             return [1.0] * len(self.component_names)
@@ -588,19 +596,30 @@ class StaticMixtureLane:
         picks: list[int] = []
         rows: list[int] = []
         credits = self._credits
+        # each eligible dataset's next row and its length (the pick looks ahead at them)
+        nxt_row = [0] * len(cursors)
+        nxt_len = [1] * len(cursors)
+
+        def peek(d: int) -> None:
+            nxt_row[d] = row = self._rows(d, cursors[d], 1)[0]
+            nxt_len[d] = lens[d].of(row) if lens is not None else 1
+
+        for d in eligible:
+            peek(d)
         while len(picks) < size and eligible and not self._ends_lane(remaining):
-            d = credits.pick(eligible)
-            row = self._rows(d, cursors[d], 1)[0]
-            length = lens[d].of(row) if lens is not None else 1
+            d = credits.pick(eligible, nxt_len, shares)
+            length = nxt_len[d]
             credits.charge(d, length, shares, eligible)
             self._tokens += length
-            cursors[d] += 1
             picks.append(d)
-            rows.append(row)
+            rows.append(nxt_row[d])
+            cursors[d] += 1
             if remaining[d] is not None:
                 remaining[d] -= 1
                 if remaining[d] <= 0:
                     eligible = [c for c in eligible if c != d]
+                    continue
+            peek(d)
         return picks, tuple(rows)
 
     def _check_repetition(self, picks: Sequence[int]) -> None:

@@ -36,6 +36,7 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp
 
+from ..metrics import loader_metrics
 from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
 from .rows import Feed, ZephonRows
 
@@ -219,6 +220,28 @@ class ZephonCallback(TrainerCallback):
         )
         # own lanes: an aggregation round on every rank
         return self.loader.checkpoint(served=consumed)
+
+    # -- metrics ------------------------------------------------------------------------
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+    ) -> None:
+        """Adds the ``zephon/*`` mixture metrics (``data_metrics``) to the Trainer's logs
+        and to ``state.log_history`` (trainer_state.json). Reporting integrations the
+        Trainer registered before this callback have already run; ``ZephonTrainer``
+        adds the metrics before they do."""
+        metrics = self.data_metrics()
+        if not metrics or logs is None:
+            return
+        logs.update(metrics)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(metrics)
+
+    def data_metrics(self) -> dict[str, float]:
+        """Per dataset, with units (``zephon/token_share/<name>``, its target, document
+        shares, tokens, documents, epochs) and the inflight chunks of this reader."""
+        if self.loader is None:
+            return {}
+        return loader_metrics(self.loader)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.train_dataset.close()

@@ -19,6 +19,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
+from ..metrics import loader_metrics
 from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
 
 __all__ = ["STATE_FILE", "ZephonTrainer"]
@@ -51,6 +52,13 @@ class ZephonTrainer(Trainer):
         self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
         self._zephon_served = 0  # batches of the current loader that reached training_step
         self._zephon_rng_from: str | None = None
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's logs plus the ``zephon/*`` mixture metrics, before any reporting
+        integration sees them."""
+        if self.zephon_loader is not None and not self.zephon_loader.closed:
+            logs = {**logs, **loader_metrics(self.zephon_loader)}
+        super().log(logs, *args, **kwargs)
 
     def _zephon(self) -> Pipeline:
         if self.zephon_pipeline is None:

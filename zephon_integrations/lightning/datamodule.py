@@ -34,6 +34,7 @@ import torch
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from .. import rng
+from ..metrics import loader_metrics
 from .checkpoint_hook import ZephonCheckpointHook
 
 STATE_KEY = "zephon"
@@ -172,22 +173,14 @@ class ZephonDataModule(pl.LightningDataModule):
         return batch
 
     def data_metrics(self) -> dict[str, float]:
-        """records/s, tokens/s, padding ratio, realized vs target mixture, inflight chunks."""
+        """records/s, tokens/s, padding ratio, inflight chunks and, per dataset, shares
+        with their unit: ``zephon/token_share/<name>``, ``zephon/token_share_target/<name>``
+        (token weights) or ``zephon/document_share_target/<name>`` (document weights),
+        ``zephon/document_share/<name>``, ``zephon/tokens/<name>``,
+        ``zephon/documents/<name>``, ``zephon/epochs/<name>``."""
         out = self._meter.metrics()
         if self._loader is not None:
-            consumer = self._loader.consumer
-            names = consumer.plan.source.component_names
-            tokens = [0] * len(names)
-            inflight = 0
-            for m in consumer.mirrors.values():
-                inflight += len(m.chunks)
-                for i, t in enumerate(m.tokens):
-                    tokens[i] += t
-            total = sum(tokens) or 1
-            for i, name in enumerate(names):
-                out[f"zephon/mix_{name}"] = tokens[i] / total
-                out[f"zephon/mix_{name}_target"] = consumer.plan.source.weights[i]
-            out["zephon/inflight_chunks"] = float(inflight)
+            out.update(loader_metrics(self._loader))
         return out
 
     # -- state ----------------------------------------------------------------------
