@@ -8,8 +8,6 @@ run is exact.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 from helpers import CODE, PROSE, byte_tokenize, make_docs
@@ -188,28 +186,47 @@ def test_reordered_datasets_are_refused():
         )
 
 
-def test_remix_under_ensure_mixture_warns(caplog):
-    def build(weights):
-        return (
-            Pipeline(
-                StaticMixtureWorkSource(
-                    {"prose": PROSE, "code": CODE}, weights, chunk_size=8, seed=SEED
-                ),
-                canonical_replicas=2,
-                flush_every_k_chunks=2,
-            )
-            .fetch()
-            .map(byte_tokenize)
-            .ensure_mixture(window=4)
-        )
+def _ensured(weights: dict) -> Pipeline:
+    src = StaticMixtureWorkSource(
+        {n: DATA[n] for n in weights}, weights, chunk_size=8, seed=SEED, shuffle=False
+    )
+    return (
+        Pipeline(src, canonical_replicas=LANES, flush_every_k_chunks=2, seed=5)
+        .fetch()
+        .map(byte_tokenize, name="tok")
+        .ensure_mixture(window=6)
+    )
 
-    with build({"prose": 0.7, "code": 0.3}) as pipe:
-        take(pipe, 11)
+
+@pytest.mark.parametrize("cut", [4, 11, 19, 30])
+def test_remix_under_ensure_mixture_is_exact(cut):
+    old, new = {"prose": 0.7, "code": 0.3}, {"prose": 0.2, "code": 0.8}
+    with _ensured(old) as pipe:
+        before = take(pipe, cut)
         state = pipe.checkpoint()
-    with caplog.at_level(logging.WARNING), build({"prose": 0.3, "code": 0.7}) as pipe:
+    with _ensured(new) as pipe:
         pipe.load_state_dict(state, allow_changes={"weights"})
-        assert len(take(pipe, 5)) == 5
-    assert "ensure_mixture" in caplog.text and "another order" in caplog.text
+        after = take(pipe, 30)  # within the first epoch of code (90 rows)
+        states = []
+        for _ in range(4):  # checkpoints inside the segments that started before the re-mix
+            states.append((pipe.checkpoint(), take(pipe, 6)))
+    # ensure_mixture replayed the delivered prefix under the old targets: nothing twice
+    _check_positions(before + after, ["prose", "code"], slack=LANES * 6)
+    ids = [o["id"] for o in before + after + [x for _, xs in states for x in xs]]
+    assert len(ids) == len(set(ids))
+    for st, expected in states:  # and every later resume of the re-mixed run is exact
+        with _ensured(new) as again:
+            again.load_state_dict(st)
+            assert_streams_equal(take(again, 6), expected, "resume after the re-mix")
+    prior = [ls.get("prior") for ls in state_after_remix_ensured(state, new)["lanes"]]
+    assert any(p is not None for p in prior)  # the old targets travel with the state
+
+
+def state_after_remix_ensured(state: dict, weights: dict) -> dict:
+    with _ensured(weights) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        take(pipe, 1)
+        return pipe.checkpoint()
 
 
 def test_unchanged_weights_allowed_is_a_plain_exact_resume():
@@ -221,3 +238,35 @@ def test_unchanged_weights_allowed_is_a_plain_exact_resume():
         pipe.load_state_dict(state, allow_changes={"weights"})
         assert_streams_equal(take(pipe, 25), expected, "allowed but unchanged")
     assert np.isfinite(_token_share(expected, "p"))
+
+
+def test_remix_through_dataloader_workers_matches_in_process():
+    def build(weights):
+        src = StaticMixtureWorkSource({n: DATA[n] for n in weights}, weights, chunk_size=8, seed=1)
+        return (
+            Pipeline(src, canonical_replicas=4, flush_every_k_chunks=2, seed=5)
+            .fetch()
+            .map(byte_tokenize, name="tok")
+            .split(max_len=64)
+            .pack(seq_len=64, bins=2)
+            .ensure_mixture(window=4)
+            .batch(batch_size=2)
+        )
+
+    old, new = {"prose": 0.7, "code": 0.3}, {"prose": 0.3, "code": 0.7}
+    with build(old) as pipe:
+        take(pipe, 13)
+        state = pipe.checkpoint()
+    with build(new) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        expected = take(pipe, 24)
+    loader = build(new).dataloader(num_workers=2, restore=state, allow_changes={"weights"})
+    it = iter(loader)
+    got = [next(it) for _ in range(12)]
+    mid = loader.checkpoint()
+    loader.close()
+    assert_streams_equal(got, expected[:12], "re-mix through DataLoader workers")
+    assert any("prior" in ls for ls in mid["lanes"])
+    with build(new) as again:
+        again.load_state_dict(mid)
+        assert_streams_equal(take(again, 12), expected[12:], "resume of the loader's state")

@@ -167,3 +167,14 @@ def test_a_dataset_repeating_early_is_warned_about_once(caplog):
             ws.next_chunk()
     msgs = [r.getMessage() for r in caplog.records if "second epoch" in r.getMessage()]
     assert len(msgs) == 1 and "'small'" in msgs[0] and "num_epochs" in msgs[0]
+
+
+def test_ensure_mixture_without_targets_refuses_a_schedule():
+    pipe = (
+        Pipeline(_source(), canonical_replicas=2, flush_every_k_chunks=2)
+        .fetch()
+        .map(byte_tokenize)
+        .ensure_mixture(window=4)
+    )
+    with pytest.raises(ConfigError, match="WeightSchedule"):
+        pipe.compile()

@@ -21,9 +21,11 @@ in the inflight chunks; they must be read to replay exactly, so such a restore i
 refused with the fix: keep the dataset with weight 0 for this restore (nothing new is
 read from it) and drop it at a later checkpoint, once its inflight chunks are gone.
 
-Operators that use the source weights themselves (``ensure_mixture`` without its
-own ``weights=``) replay under the new targets: records held in its window at the cut
-may be reordered across the cut once; a warning says so.
+Operators that use the source weights themselves (``ensure_mixture`` without its own
+``weights=``) keep the old targets in every flush segment that started before the first
+re-mixed chunk (the lane state's ``prior``), so their replay repeats the delivered
+order exactly; later segments follow the new weights. A second re-mix waits until each
+lane has passed a flush since the first.
 """
 
 from __future__ import annotations
@@ -101,16 +103,14 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
             "their order, append new ones at the end, and leave a dataset in place with "
             "weight 0 rather than removing it from the middle"
         )
+    old_w = [float(w) for w in state.config["source"].get("weights", [])]
+    targets = [0.0] * len(new_names)
+    for d, w in enumerate(old_w):
+        if index.get(d) is not None:
+            targets[index[d]] = w / (sum(old_w) or 1.0)
     lanes = {}
     for lane, ls in state.lanes.items():
-        lanes[lane] = _remix_lane(ls, old_names, new_names, index, translate)
-    if mix and _uses_source_weights(plan):
-        log.warning(
-            "re-mixing under operators that read the source weights (%s): their replay "
-            "follows the new targets, so records held in their windows at the cut may "
-            "come in another order around it once",
-            ", ".join(op.name for op in plan.ops if _reads_weights(op)),
-        )
+        lanes[lane] = _remix_lane(ls, old_names, new_names, index, translate, tuple(targets))
     log.info(
         "re-mixed the checkpoint: datasets %s -> %s (%s)",
         old_names,
@@ -120,7 +120,12 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
     return dataclasses.replace(state, fingerprint=plan.fingerprint, config=plan.config, lanes=lanes)
 
 
-def _remix_lane(ls: LaneState, old_names, new_names, index, translate) -> LaneState:
+def _remix_lane(ls: LaneState, old_names, new_names, index, translate, targets) -> LaneState:
+    if ls.prior is not None and ls.floor < ls.prior[0]:
+        raise IncompatibleCheckpoint(
+            f"lane {ls.lane} was re-mixed at chunk {ls.prior[0]} and has not passed a flush "
+            "since: train a few more steps under the current mixture before re-mixing again"
+        )
     if ls.exhausted:
         raise IncompatibleCheckpoint(
             f"lane {ls.lane} of the checkpoint had ended; a finished stream cannot be "
@@ -145,12 +150,7 @@ def _remix_lane(ls: LaneState, old_names, new_names, index, translate) -> LaneSt
     new = ls.copy()
     new.chunks, new.tokens = chunks, tokens
     new.source = translate(old_names, ls.source)
+    # flush segments that started before the first re-mixed chunk keep the old targets,
+    # so their replay (now and at any later resume) repeats what was delivered
+    new.prior = (ls.next_chunk, targets)
     return new
-
-
-def _reads_weights(op: Any) -> bool:
-    return getattr(op, "reads_source_weights", False)
-
-
-def _uses_source_weights(plan: Any) -> bool:
-    return any(_reads_weights(op) for op in plan.ops)

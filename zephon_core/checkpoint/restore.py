@@ -130,6 +130,8 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
     n_comp = len(plan.source.component_names)
     if len(ls.tokens) != n_comp or any(t < 0 for t in ls.tokens):
         raise CorruptCheckpoint(f"{where}: tokens {ls.tokens[:8]} must be {n_comp} counts >= 0")
+    if ls.prior is not None and len(ls.prior[1]) != n_comp:
+        raise CorruptCheckpoint(f"{where}: prior targets {ls.prior[1]} must be {n_comp} weights")
     if ls.exhausted and (ls.chunks or ls.boundaries):
         raise CorruptCheckpoint(f"{where}: an ended lane holds inflight chunks or boundaries")
     _check_boundaries(ls, plan.k, where)

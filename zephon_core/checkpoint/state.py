@@ -11,7 +11,8 @@ round-robin position g) and ``lanes`` -- one entry per canonical lane:
 (the inflight chunks, in full), ``boundaries`` (incl. the trailing one),
 ``source`` (WorkSource state after the last inflight chunk), ``cursor``
 (replay cursor), ``digest`` (value digest behind the last delivered output),
-``delivered`` (lane progress), ``exhausted`` and ``tokens``.
+``delivered`` (lane progress), ``exhausted``, ``tokens`` and, for a while after a re-mix, ``prior``
+(the old targets of the operators that read the mixture weights, ``remix.py``).
 Per-offset bitmaps are deliberately absent: replay rebuilds them.
 
 Version 1 states (before ``content`` and ``digest``) are still read; they restore
@@ -115,6 +116,9 @@ class LaneState:
     exhausted: bool = False
     tokens: list[int] = field(default_factory=list)
     digest: int | None = None
+    #: after a re-mix: (R, targets) -- operators that read the mixture weights keep the
+    #: old ``targets`` in flush segments that start before chunk R (``remix.py``)
+    prior: tuple[int, tuple[float, ...]] | None = None
 
     def copy(self) -> LaneState:
         """A copy whose lists can change independently (the source state never changes)."""
@@ -178,11 +182,20 @@ class LaneState:
             "delivered": self.delivered,
             "exhausted": self.exhausted,
             "tokens": list(self.tokens),
-        }
+        } | self._prior_dict()
+
+    def _prior_dict(self) -> dict[str, Any]:
+        # kept while a segment that started before the re-mix can still be replayed
+        if self.prior is None or self.floor >= self.prior[0]:
+            return {}
+        return {"prior": [self.prior[0], list(self.prior[1])]}
 
     @classmethod
     def from_dict(cls, d: Any, version: int = VERSION) -> LaneState:
-        _check_keys(d, _LANE_KEYS if version >= 2 else _LANE_KEYS_V1, "lane state")
+        keys = _LANE_KEYS if version >= 2 else _LANE_KEYS_V1
+        _check_keys(
+            d, keys | ({"prior"} if isinstance(d, dict) and "prior" in d else set()), "lane state"
+        )
         lane = _int(d["lane"], "lane")
         cursor = d["cursor"]
         if cursor is not None:
@@ -213,6 +226,7 @@ class LaneState:
             exhausted=_bool(d["exhausted"], "exhausted"),
             tokens=[_int(t, "tokens") for t in _list(d["tokens"], "tokens")],
             digest=digest,
+            prior=_prior(d.get("prior"), lane),
         )
         for i, c in enumerate(chunks):
             if c.chunk_id != floor + i:
@@ -301,6 +315,21 @@ def _content(c: Any) -> dict[str, dict[str, str]]:
             raise CorruptCheckpoint(f"content fingerprints {part!r} must map names to strings")
         out[part] = dict(table)
     return out
+
+
+def _prior(x: Any, lane: int) -> tuple[int, tuple[float, ...]] | None:
+    if x is None:
+        return None
+    ok = (
+        isinstance(x, (list, tuple))
+        and len(x) == 2
+        and is_int(x[0])
+        and isinstance(x[1], (list, tuple))
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in x[1])
+    )
+    if not ok:
+        raise CorruptCheckpoint(f"lane {lane}: prior {x!r} is not [chunk id, [weights]]")
+    return int(x[0]), tuple(float(v) for v in x[1])
 
 
 def _check_keys(d: Any, keys: set[str], what: str) -> None:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from ..checkpoint.state import Delivery, LaneState, plain_copy
 from ..checkpoint.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
+from ..ops.base import Operator
 from ..records import TOMBSTONE, Contributor, Record, SampleCursor
 from ..sources.chunk import WorkChunk
 from ..tracking.eviction import LaneTracker
@@ -96,7 +97,11 @@ class LaneStream:
         self.ledger = LaneLedger(state)
         self.initial = state.progress()
         # the lane's operators: its own instance of each stateful one, templates otherwise
-        self.ops = [op if op.traits.stateless else op.for_lane(lane) for op in plan.ops]
+        self.prior = state.prior
+        self.ops = [
+            op if op.traits.stateless else self._instance(i, state.floor)
+            for i, op in enumerate(plan.ops)
+        ]
         if plan.replay_index is not None:
             self.ops[plan.replay_index].set_target(state.cursor, state.digest)
         # without batch the replay filter sits at the tail: an output is the record it
@@ -107,6 +112,16 @@ class LaneStream:
         self.activity = Activity()
         self.clock = perf_counter()  # when the lane last produced (or was asked for) output
         self.outputs: Iterator[Output] = self._outputs(state.exhausted)
+
+    def _instance(self, i: int, segment_start: int) -> Operator:
+        """The lane's instance of operator ``i`` for the flush segment starting at chunk
+        ``segment_start`` (after a re-mix, segments that started before it keep the
+        old mixture targets, see ``checkpoint/remix.py``)."""
+        op = self.plan.ops[i].for_lane(self.lane)
+        prior = self.prior
+        if prior is not None and segment_start < prior[0] and op.reads_source_weights:
+            op.set_targets(prior[1])
+        return op
 
     def _source_state(self) -> dict:
         return plain_copy(self.source.state_dict())
@@ -244,7 +259,7 @@ class LaneStream:
                 activity.set(label, x[0].cursor if x else None)
                 out = run_ops([lane_ops[i] for i in indices], x, lane, tombs, stats)
             else:
-                out = self._drain(indices, tombs, final=(kind == END))
+                out = self._drain(indices, tombs, final=(kind == END), boundary=x)
                 if kind == FLUSH and rf in indices:
                     lane_ops[rf].check_epoch_end(x)
             if out or tombs:
@@ -252,10 +267,13 @@ class LaneStream:
             if kind != RECS:
                 yield kind, x
 
-    def _drain(self, indices: tuple[int, ...], tombs: list[Record], final: bool) -> list[Record]:
+    def _drain(
+        self, indices: tuple[int, ...], tombs: list[Record], final: bool, boundary: Any
+    ) -> list[Record]:
         """Flush (or finish) each operator in order, feeding what it emits downstream; a
-        flushed operator's instance is replaced by a fresh one."""
-        lane, lane_ops, templates = self.lane, self.ops, self.plan.ops
+        flushed operator's instance is replaced by a fresh one for the segment starting
+        at ``boundary``."""
+        lane, lane_ops = self.lane, self.ops
         carry: list[Record] = []
         for i in indices:
             op = lane_ops[i]
@@ -269,7 +287,7 @@ class LaneStream:
             self.stats[i].records_out += len(emitted)
             carry.extend(emitted)
             if not final and not op.traits.stateless and not op.traits.holds_across_flush:
-                lane_ops[i] = templates[i].for_lane(lane)
+                lane_ops[i] = self._instance(i, boundary)
         return carry
 
     def _check_flushed(self, boundary: int) -> None:

@@ -103,6 +103,15 @@ class Operator:
         ctx = dataclasses.replace(self.ctx, lane=lane)
         return copy.deepcopy(self, {id(self.ctx): ctx})
 
+    #: the operator's behaviour depends on the source's mixture weights (``ctx.weights``);
+    #: such operators implement ``set_targets`` so a re-mix can keep the old ones where
+    #: replay needs them (``checkpoint/remix.py``)
+    reads_source_weights = False
+
+    def set_targets(self, weights: tuple[float, ...]) -> None:
+        """Use ``weights`` (normalized, in component order) instead of the source's."""
+        raise NotImplementedError(f"{type(self).__name__} does not read the source weights")
+
     def process(self, record: Record) -> Iterable[Record]:
         raise NotImplementedError
 

@@ -18,9 +18,10 @@ within ``window`` records of each other; it cannot reorder across flushes (they 
 it) or invent records that have not arrived.
 
 In practice (``benchmarks/bench_mixture.py``): the source's token weights
-(``weights_unit="tokens"``) set the long-run share; ``ensure_mixture`` only smooths
-within a flush segment, and adds little when single documents are longer than the
-window (the demo corpus has source files of up to 69k tokens).
+(``weights_unit="tokens"``) set the long-run share; ``ensure_mixture`` smooths within a
+flush segment -- it halves the local error when documents are short next to its
+window, and adds nothing when one document fills it (whole source files of up to 69k
+tokens in the demo corpus).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from ..errors import ConfigError
 from ..records import Record, component_tokens
 from ..validate import int_arg, weight_vector
 from .base import OpContext, Operator, OpTraits
@@ -53,9 +55,13 @@ class EnsureMixtureOp(Operator):
         self._start()
 
     @property
-    def reads_source_weights(self) -> bool:
+    def reads_source_weights(self) -> bool:  # type: ignore[override]
         """Targets come from the source's weights (a re-mix changes them)."""
         return self.user_weights is None
+
+    def set_targets(self, weights: tuple[float, ...]) -> None:
+        s = sum(weights)
+        self.targets = tuple(w / s for w in weights) if s > 0 else self.targets
 
     def _start(self) -> None:
         """A lane's state: the held window and the tokens emitted per component."""
@@ -64,6 +70,12 @@ class EnsureMixtureOp(Operator):
         self._total = 0
 
     def bind(self, ctx: OpContext) -> None:
+        if self.user_weights is None and getattr(ctx.source, "schedule", None) is not None:
+            raise ConfigError(
+                "ensure_mixture() holds fixed targets, but the source's weights follow a "
+                "WeightSchedule: give ensure_mixture(weights=...) explicitly, or leave it "
+                "out (the source already schedules the mixture)"
+            )
         super().bind(ctx)
         self.targets = self._resolve(ctx)
         self._start()

@@ -31,6 +31,7 @@ class LaneLedger:
         self._boundaries: list[int] = list(state.boundaries)
         self._source_state = state.source
         self.next_chunk_id = state.next_chunk
+        self._prior = state.prior  # fixed for the run (a re-mix's old targets)
 
     def register(
         self, chunk: WorkChunk, source_state: dict[str, Any], boundary_after: bool
@@ -71,6 +72,7 @@ class LaneLedger:
                 exhausted=d.exhausted,
                 tokens=list(d.tokens),
                 digest=resolve(d.digest),
+                prior=self._prior,
             )
 
     def delta(self, d: Delivery, since: int) -> LaneDelta:
