@@ -41,14 +41,20 @@ def byte_tokenize(payload: dict) -> dict:
 
 
 def source(
-    chunk_size: int = 8, seed: int = 7, num_epochs: int | None = None, weights=(0.7, 0.3)
+    chunk_size: int = 8,
+    seed: int = 7,
+    num_epochs: int | None = None,
+    weights=(0.7, 0.3),
+    unit: str = "documents",
 ) -> StaticMixtureWorkSource:
+    """The test mixture; ``unit="tokens"`` leaves the lengths to the pipeline's estimate."""
     return StaticMixtureWorkSource(
         {"prose": PROSE, "code": CODE},
         {"prose": weights[0], "code": weights[1]},
         chunk_size=chunk_size,
         seed=seed,
         num_epochs=num_epochs,
+        weights_unit=unit,
     )
 
 

@@ -1,7 +1,8 @@
 """Property tests: random valid operator chains resume bit-identically, and their output
 does not depend on the runtime knobs (parallelism, prefetch, queue_size).
 
-Chains are random subsets and orders of map/filter/split/pack/shuffle/ensure_mixture
+Sources weigh by documents or by tokens (lengths estimated by the pipeline). Chains
+are random subsets and orders of map/filter/split/pack/shuffle/ensure_mixture
 (after fetch and a tokenizer) with an optional batch at the end. Validity: pack needs
 token fragments no longer than its seq_len, so a split always precedes a pack.
 """
@@ -49,6 +50,7 @@ def configs(draw):
         k=draw(st.integers(1, 5)),
         chunk_size=draw(st.integers(1, 16)),
         lanes=draw(st.integers(1, 6)),
+        unit=draw(st.sampled_from(["documents", "tokens"])),
     )
 
 
@@ -67,7 +69,7 @@ def builder(cfg, rt):
 
     def build():
         pipe = Pipeline(
-            source(cfg["chunk_size"]),
+            source(cfg["chunk_size"], unit=cfg["unit"]),
             canonical_replicas=cfg["lanes"],
             flush_every_k_chunks=None if monotone else cfg["k"],
             seed=29,

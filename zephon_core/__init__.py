@@ -19,13 +19,14 @@ from .errors import (
 )
 from .ops import Operator, OpTraits
 from .records import Contributor, Record, SampleCursor, tombstone
-from .sources import StaticMixtureWorkSource, WorkChunk, WorkSource
+from .sources import StaticMixtureWorkSource, WeightSchedule, WorkChunk, WorkSource
 
 __all__ = [
     "Pipeline",
     "PipelineIterator",
     "ZephonDataLoader",
     "StaticMixtureWorkSource",
+    "WeightSchedule",
     "WorkChunk",
     "WorkSource",
     "Operator",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import CODE, PROSE, byte_tokenize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_core import (
     ConfigError,
@@ -227,3 +229,60 @@ def test_the_estimate_is_measured_once_per_source_and_tokenizer():
     fresh = StaticMixtureWorkSource({"prose": PROSE, "code": CODE}, weights_unit="tokens")
     Pipeline(fresh, canonical_replicas=2).fetch().map(_counting, name="tok").compile()
     assert _CALLS.n == 2 * (len(PROSE) + len(CODE))  # another source object: measured
+
+
+@given(
+    weights=st.lists(st.floats(0.05, 1.0), min_size=2, max_size=4),
+    sizes=st.lists(st.integers(1, 40), min_size=4, max_size=4),
+    lanes=st.integers(1, 4),
+    cut=st.integers(0, 12),
+    epochs=st.integers(1, 2),
+    seed=st.integers(0, 2**32),
+)
+@settings(max_examples=60, deadline=None)
+def test_property_token_lanes_partition_epochs_and_restore_exactly(
+    weights, sizes, lanes, cut, epochs, seed
+):
+    n = len(weights)
+    rng = np.random.default_rng(seed)
+    datasets = {f"d{i}": list(range(sizes[i])) for i in range(n)}
+    lengths = {f"d{i}": rng.integers(1, 500, sizes[i]).tolist() for i in range(n)}
+    src = StaticMixtureWorkSource(
+        datasets,
+        dict(zip(datasets, weights)),
+        chunk_size=3,
+        seed=seed,
+        num_epochs=epochs,
+        weights_unit="tokens",
+        lengths=lengths,
+    )
+    seen: dict[tuple[int, int], int] = {}
+    for lane in range(lanes):
+        a = src.open_lane(lane, lanes, seed=1)
+        chunks = []
+        while (ch := a.next_chunk()) is not None:
+            chunks.append(ch)
+        b = src.open_lane(lane, lanes, seed=1)
+        for _ in range(min(cut, len(chunks))):
+            b.next_chunk()
+        c = src.open_lane(lane, lanes, seed=1)
+        c.load_state_dict(b.state_dict())
+        rest = []
+        while (ch := c.next_chunk()) is not None:
+            rest.append(ch)
+        assert rest == chunks[min(cut, len(chunks)) :]
+        for ch in chunks:
+            for comp, row in zip(ch.components, ch.rows):
+                seen[(comp, row)] = seen.get((comp, row), 0) + 1
+    assert len(seen) == sum(sizes[:n]) and set(seen.values()) == {epochs}
+
+
+def test_lengths_from_a_column_of_an_hf_component_not_read_for_training():
+    datasets = pytest.importorskip("datasets")
+    from zephon_integrations.hf import hf_component
+
+    ds = datasets.Dataset.from_dict({"text": [d["text"] for d in PROSE], "n": LENS["prose"]})
+    comp = hf_component(ds.select(range(len(ds) - 1, -1, -1)), columns=["text"])
+    src = StaticMixtureWorkSource({"prose": comp}, weights_unit="tokens", lengths="n")
+    assert list(src.token_lengths[0].per_row) == LENS["prose"][::-1]
+    assert set(src.read(0, [0])[0]) == {"text"}  # training still reads only its columns

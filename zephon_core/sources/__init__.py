@@ -10,12 +10,14 @@ from __future__ import annotations
 from .base import SourceSpec, WorkSource
 from .chunk import WorkChunk
 from .permutation import KeyedPermutation
+from .schedule import WeightSchedule
 from .static_mixture import StaticMixtureWorkSource
 
 __all__ = [
     "KeyedPermutation",
     "SourceSpec",
     "StaticMixtureWorkSource",
+    "WeightSchedule",
     "WorkChunk",
     "WorkSource",
 ]

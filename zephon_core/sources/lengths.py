@@ -3,8 +3,9 @@
 Three ways, per component:
 
 * a sequence of ints (``lengths={"code": n_tokens_per_row}``);
-* a column name (``lengths="num_tokens"``) read once: an HF ``Dataset`` through its
-  numpy format (Arrow, no row dicts), any other dataset row by row;
+* a column name (``lengths="num_tokens"``) read once: through the dataset's
+  ``column_values(name)`` if it has one (``hf_component``), an HF ``Dataset`` through
+  its numpy format (Arrow, no row dicts), any other dataset row by row;
 * nothing: the pipeline *estimates* them when it compiles, running its own
   fetch/tokenize operators on a seeded sample of rows (``engine/length_estimate.py``).
   A component no larger than the sample is measured completely (exact lengths);
@@ -72,7 +73,9 @@ def _as_lengths(name: str, values: Any, n: int, how: str) -> ComponentLengths:
 
 def _column(name: str, ds: Any, column: str, n: int) -> ComponentLengths:
     try:
-        if hasattr(ds, "with_format") and hasattr(ds, "column_names"):  # HF Dataset
+        if hasattr(ds, "column_values"):  # e.g. zephon_integrations.hf.HFComponent
+            values = ds.column_values(column)
+        elif hasattr(ds, "with_format") and hasattr(ds, "column_names"):  # HF Dataset
             if column not in ds.column_names:
                 raise KeyError(column)
             values = ds.select_columns([column]).with_format("numpy")[column]

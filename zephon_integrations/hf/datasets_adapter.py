@@ -23,6 +23,7 @@ class HFComponent:
 
     def __init__(self, ds: Any, columns: Sequence[str] | None = None):
         self.ds = ds
+        self._full = ds  # every column, for column_values (lengths= of token mixtures)
         fmt = getattr(ds, "format", None) or {}
         names = list(ds.column_names)
         wanted = list(columns) if columns is not None else fmt.get("columns")
@@ -50,6 +51,14 @@ class HFComponent:
         with every transform and with the files it was loaded from) and the columns read;
         a checkpoint restores only over the same one."""
         return f"{self.ds._fingerprint}:{self.columns}"
+
+    def column_values(self, name: str) -> Any:
+        """One whole column as a numpy array, read through Arrow without building row
+        dicts (``StaticMixtureWorkSource(lengths="num_tokens")``), also a column that is
+        not among the ``columns`` read for training."""
+        if name not in self._full.column_names:
+            raise KeyError(name)
+        return self._full.select_columns([name]).with_format("numpy")[name]
 
     def __getitems__(self, rows: list[int]) -> list[Any]:
         if self.fast:
