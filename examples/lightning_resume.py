@@ -136,7 +136,7 @@ def plot(path: Path, full: list, resumed: list, n: int, metrics: dict) -> None:
     ax2.bar([x - 0.2 for x in xs], target, 0.4, label="target (token share)")
     ax2.bar([x + 0.2 for x in xs], real, 0.4, label="realized (token share delivered)")
     ax2.set_xticks(list(xs), names)
-    ax2.set_title("Mixture share")
+    ax2.set_title("Token share per dataset: realized vs target")
     ax2.set_ylim(0, 1)
     ax2.legend(loc="upper left")
     fig.tight_layout()
