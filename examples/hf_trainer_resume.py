@@ -42,11 +42,22 @@ from zephon_integrations.hf import ZephonCallback, ZephonTrainer, hf_components 
 SEQ_LEN, BATCH = 128, 8
 
 
-def save_datasets(root: Path) -> dict[str, str]:
+def save_datasets(root: Path, tokenizer: Path) -> dict[str, str]:
+    """The corpora as HF datasets with a ``num_tokens`` column (the usual preparation
+    step; the source reads it through Arrow to weigh the mixture in tokens)."""
     paths = {}
+    encode = BatchTokenizer(tokenizer)
     for name, docs in (("prose", corpora.prose()), ("code", corpora.code())):
         ds = datasets.Dataset.from_dict(
             {"text": [d["text"] for d in docs], "id": [d["id"] for d in docs]}
+        )
+        ds = ds.map(
+            lambda b: {
+                "num_tokens": [
+                    len(e["input_ids"]) for e in encode([{"text": t} for t in b["text"]])
+                ]
+            },
+            batched=True,
         )
         datasets.DatasetDict({"train": ds}).save_to_disk(str(root / name))
         paths[name] = str(root / name)
@@ -65,6 +76,8 @@ class PipelineFactory:
             {"prose": 0.7, "code": 0.3},
             chunk_size=16,
             seed=7,
+            weights_unit="tokens",  # 70 % of the tokens
+            lengths="num_tokens",  # a column, not among those read for training
         )
         return (
             Pipeline(source, canonical_replicas=4, flush_every_k_chunks=2, seed=7)
@@ -168,7 +181,7 @@ def main() -> None:
         d = Path(d)
         tok = d / "tokenizer.json"
         train_tokenizer(tok)
-        factory = PipelineFactory(save_datasets(d / "data"), tok)
+        factory = PipelineFactory(save_datasets(d / "data", tok), tok)
         full = train(factory, d / "A", 2 * n, path)
         train(factory, d / "B", 2 * n, path, crash_at=n)
         resumed = train(factory, d / "B", 2 * n, path, resume=True)
