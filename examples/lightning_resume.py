@@ -65,13 +65,17 @@ class TinyCausalLM(pl.LightningModule):
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids) + self.pos(pos)
-        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
-        return self.head(self.body(x, mask=mask, is_causal=True))
+        # attention stays inside each packed document: a document starts where its
+        # position_ids restart at 0 (Zephon's packed batches, ops/packed_batch.py)
+        doc = (pos == 0).cumsum(dim=1)
+        causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+        allowed = (doc[:, :, None] == doc[:, None, :]) & causal
+        mask = (~allowed).repeat_interleave(self.body.layers[0].self_attn.num_heads, dim=0)
+        return self.head(self.body(x, mask=mask))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits = self(batch["input_ids"], batch["position_ids"])
-        labels = batch["labels"][:, 1:].clone()
-        labels[batch["segment_ids"][:, 1:] != batch["segment_ids"][:, :-1]] = -100
+        labels = batch["labels"][:, 1:]  # -100 on padding and at every document start
         loss = nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
         )

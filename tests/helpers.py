@@ -68,6 +68,7 @@ def reference_pipeline(
     prefetch: int = 3,
     parallelism: int = 2,
     num_epochs: int | None = None,
+    attention: str = "position_ids",
 ) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
     return (
@@ -84,7 +85,7 @@ def reference_pipeline(
         .pack(seq_len=seq_len, bins=4)
         .shuffle(buffer_size=16)
         .ensure_mixture(window=8)
-        .batch(batch_size=batch_size)
+        .batch(batch_size=batch_size, attention=attention)
     )
 
 

@@ -158,3 +158,23 @@ def test_property_loader_equals_plain_iteration(c):
     tail = take(resumed, 6)
     resumed.close()
     assert_streams_equal(want[len(got) : len(got) + 6], tail, f"resumed {c}")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_stats_sum_the_workers_operator_counters(workers):
+    from helpers import reference_pipeline
+
+    pipe = reference_pipeline()
+    loader = pipe.dataloader(num_workers=workers)
+    it = iter(loader)
+    for _ in range(40):
+        next(it)
+    s = loader.stats()
+    loader.close()
+    names = [op.name for op in pipe.compile().ops]
+    assert list(s["operators"]) == names
+    ops = s["operators"]
+    # every worker shipped its counters (with its first batch, then every 16th)
+    assert ops["fetch"]["records_in"] > 0 and ops["batch"]["records_out"] >= 40 // 2
+    assert ops["tokenize"]["records_in"] == ops["tokenize"]["records_out"]
+    assert 0 <= s["padding_ratio"] < 1 and s["outputs"] == 40 and s["outputs_per_s"] > 0

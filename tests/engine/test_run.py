@@ -238,7 +238,7 @@ def test_finite_packed_batches_carry_every_token_exactly_once():
         .split(max_len=96)
         .pack(seq_len=96, bins=3)
         .shuffle(buffer_size=4)
-        .batch(batch_size=3, drop_last=False)
+        .batch(batch_size=3, drop_last=False, attention="mask_2d")  # a 2-D padding mask
     )
     tokens = Counter()
     n_tokens = 0
@@ -409,7 +409,7 @@ def test_stats_keys_and_values():
 
 
 def test_stats_count_scheduled_documents_and_delivered_tokens():
-    with reference_pipeline(prefetch=0) as pipe:
+    with reference_pipeline(prefetch=0, attention="mask_2d") as pipe:
         outputs = take(pipe, 30)
         mix = pipe.stats()["mixture"]
         state = pipe.checkpoint()

@@ -8,7 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
 from zephon_core import Pipeline
 
-KEYS = ("input_ids", "attention_mask", "labels")  # what the model sees of a Zephon batch
+# what the model sees of a Zephon batch (packed rows: no attention_mask, position_ids)
+KEYS = ("input_ids", "attention_mask", "labels", "position_ids")
 
 
 def fingerprint(batch: dict) -> str:
@@ -43,13 +44,16 @@ def reference(n: int) -> list[str]:
 class RecordingGPT2(GPT2LMHeadModel):
     """Records the fingerprint of every batch its forward sees (in training mode)."""
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, **kw):
         if self.training:
-            self.seen.append(
-                fingerprint(dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels))
-            )
+            seen = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+            self.seen.append(fingerprint(dict(seen, position_ids=position_ids)))
         return super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            position_ids=position_ids,
+            **kw,
         )
 
 
@@ -89,6 +93,6 @@ def reference_rows(n: int, rows: slice) -> list[str]:
     out = []
     for _ in range(n):
         batch = next(it)
-        out.append(fingerprint({k: batch[k][rows] for k in KEYS}))
+        out.append(fingerprint({k: batch[k][rows] for k in KEYS if k in batch}))
     p.close()
     return out

@@ -263,3 +263,19 @@ class LogKeys(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.keys.append(set(logs))
+
+
+@pytest.mark.parametrize("pipeline, cache_after", [(make_pipeline, False), (ragged_pipeline, True)])
+def test_packed_rows_turn_the_model_cache_off(tmp_path, pipeline, cache_after):
+    model = tiny_model()
+    args = make_args(tmp_path / "c", 1)
+    args.use_cache = True  # the Trainer's default is False; a user may turn it on
+    zephon = ZephonCallback(pipeline)
+    trainer = Trainer(
+        model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon]
+    )
+    assert model.config.use_cache
+    trainer.train()
+    # packed rows tell documents apart by position_ids, which Transformers honours only
+    # without a KV cache (test_packed_models.py); padded rows keep their attention_mask
+    assert model.config.use_cache is cache_after

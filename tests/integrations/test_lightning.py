@@ -463,3 +463,13 @@ def test_resume_with_dropout_is_bit_identical(tmp_path, num_workers):
         **kw,
     )
     assert _fps(off) == _fps(full)[K:] and off.losses != full.losses[K:]
+
+
+def test_no_validation_data_means_no_validation_warning():
+    # Lightning warns "you passed a val_dataloader but have no validation_step" when the
+    # datamodule overrides val_dataloader; without validation data it no longer does
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    assert not is_overridden("val_dataloader", ZephonDataModule(pipeline=make_pipeline))
+    with_val = ZephonDataModule(pipeline=make_pipeline, val_dataloader_fn=lambda: ["v"])
+    assert is_overridden("val_dataloader", with_val) and with_val.val_dataloader() == ["v"]

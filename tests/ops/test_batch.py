@@ -69,25 +69,76 @@ def test_width_defaults_to_upstream_pack_seq_len():
     assert b.payload["input_ids"].shape == (2, 12)
 
 
-def test_packed_rows_position_and_segment_ids():
+def test_packed_rows_tell_the_model_where_documents_start():
     op = batcher(2, seq_len=10)
     (b,) = feed(op, [packed(0, [3, 4]), packed(1, [2, 5, 3])])
     out = b.payload
-    assert set(out) == {"input_ids", "labels", "attention_mask", "position_ids", "segment_ids"}
+    # default attention="position_ids": no attention_mask (it would switch off the
+    # per-document mask Transformers derives from restarting position_ids)
+    assert set(out) == {"input_ids", "labels", "position_ids"}
     for k in out:
-        assert out[k].shape == (2, 10)
-        if k != "attention_mask":
-            assert out[k].dtype == torch.int64, k
+        assert out[k].shape == (2, 10) and out[k].dtype == torch.int64, k
+    assert out["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2]  # padding: 0..
+    assert out["position_ids"][1].tolist() == [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
+    assert out["input_ids"][0].tolist() == [10, 10, 10, 20, 20, 20, 20, 0, 0, 0]
+    # -100 on padding and on each document's first token (never predicted across)
+    assert out["labels"][0].tolist() == [-100, 10, 10, -100, 20, 20, 20, -100, -100, -100]
+    assert out["labels"][1].tolist() == [-100, 11, -100, 21, 21, 21, 21, -100, 31, 31]
+
+
+def test_packed_rows_mask_2d_keeps_segment_ids_for_custom_models():
+    op = batcher(2, seq_len=10, attention="mask_2d")
+    (b,) = feed(op, [packed(0, [3, 4]), packed(1, [2, 5, 3])])
+    out = b.payload
+    assert set(out) == {"input_ids", "labels", "attention_mask", "position_ids", "segment_ids"}
     assert out["segment_ids"].tolist() == [
         [1, 1, 1, 2, 2, 2, 2, 0, 0, 0],
         [1, 1, 2, 2, 2, 2, 2, 3, 3, 3],
     ]
-    assert out["position_ids"][0, :7].tolist() == [0, 1, 2, 0, 1, 2, 3]
-    assert out["position_ids"][1].tolist() == [0, 1, 0, 1, 2, 3, 4, 0, 1, 2]
     assert out["attention_mask"].long().tolist() == [[1] * 7 + [0] * 3, [1] * 10]
-    assert out["input_ids"][0].tolist() == [10, 10, 10, 20, 20, 20, 20, 0, 0, 0]
-    assert out["labels"][0].tolist() == [10, 10, 10, 20, 20, 20, 20, -100, -100, -100]
-    assert (out["labels"][1] == out["input_ids"][1]).all()
+    assert out["labels"][0].tolist() == [-100, 10, 10, -100, 20, 20, 20, -100, -100, -100]
+
+
+def test_packed_rows_mask_4d_is_block_diagonal_and_causal():
+    op = batcher(1, seq_len=6, attention="mask_4d", mask_dtype="bfloat16")
+    (b,) = feed(op, [packed(0, [2, 3])])
+    m = b.payload["attention_mask"]
+    assert m.shape == (1, 1, 6, 6) and m.dtype == torch.bfloat16
+    allowed = (m[0, 0] == 0).int().tolist()
+    assert allowed == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1],  # padding attends only itself
+    ]
+    assert (m[m != 0] == torch.finfo(torch.bfloat16).min).all()
+
+
+def test_flash_kwargs_match_transformers_flattening_collator():
+    transformers = pytest.importorskip("transformers")
+    op = batcher(2, seq_len=10, flash_kwargs=True)
+    (b,) = feed(op, [packed(0, [3, 4]), packed(1, [2, 5, 3])])
+    out = b.payload
+    # the collator flattens the same segments (row 0's 3 padding tokens are one more)
+    segments = [[10] * 3, [20] * 4, [0] * 3, [11] * 2, [21] * 5, [31] * 3]
+    ref = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": s} for s in segments]
+    )
+    assert out["cu_seq_lens_q"].tolist() == ref["cu_seq_lens_q"].tolist()
+    assert out["cu_seq_lens_k"].tolist() == ref["cu_seq_lens_k"].tolist()
+    assert out["max_length_q"] == ref["max_length_q"] == 5
+    assert out["position_ids"].reshape(1, -1).tolist() == ref["position_ids"].tolist()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [({"attention": "causal"}, "attention="), ({"mask_dtype": "int8"}, "mask_dtype=")],
+)
+def test_bad_attention_options_are_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        BatchOp(2, **kw)
 
 
 def test_row_longer_than_seq_len_is_a_config_error():
@@ -277,7 +328,7 @@ def test_pipeline_packed_batches():
         .fetch()
         .split(max_len=seq_len)
         .pack(seq_len=seq_len, bins=3)
-        .batch(bs, drop_last=True),
+        .batch(bs, drop_last=True, attention="mask_2d"),
         4,
     )
     for i, b in enumerate(batches):

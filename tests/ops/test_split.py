@@ -131,3 +131,48 @@ def test_pipeline_split_after_pack_is_rejected():
     )
     with pytest.raises((ConfigError, PipelineError), match="split"):
         run(pipe, 50)
+
+
+def test_bos_and_eos_frame_each_document_once():
+    op = bind(SplitOp(4, bos_id=1, eos_id=2))
+    r = rec(0, 0, 6)
+    out = op.process(r)
+    ids = np.concatenate([c.payload["input_ids"] for c in out]).tolist()
+    assert ids == [1, *r.payload["input_ids"].tolist(), 2]  # one BOS, one EOS, not per child
+    assert [len(c.payload["input_ids"]) for c in out] == [4, 4]
+    assert out[0].payload["input_ids"].dtype == r.payload["input_ids"].dtype
+    assert sum(c.contributors[0].n_tokens for c in out) == 8  # the mixture counts them
+    (short,) = bind(SplitOp(8, eos_id=2)).process(rec(0, 1, 3))
+    assert short.payload["input_ids"].tolist()[-1] == 2 and len(short.payload["input_ids"]) == 4
+
+
+def test_framing_refuses_per_token_side_arrays():
+    r = rec(0, 0, 5)
+    r = r.with_payload({**r.payload, "loss_mask": np.ones(5, np.int8)})
+    with pytest.raises(ConfigError, match="loss_mask"):
+        bind(SplitOp(4, eos_id=2)).process(r)
+
+
+def test_framed_packed_pipeline_resumes_exactly():
+    from zephon_core.testing import assert_resume_equivalent
+
+    def build():
+        return (
+            Pipeline(token_source(), canonical_replicas=2, flush_every_k_chunks=2, seed=4)
+            .fetch()
+            .split(max_len=16, bos_id=1, eos_id=2)
+            .pack(seq_len=16, bins=2)
+            .batch(batch_size=2)
+        )
+
+    assert_resume_equivalent(build, cut_points=[0, 3, 11], total=20)
+    batches = take_batches(build(), 20)
+    assert any((b["input_ids"] == 1).any() for b in batches)
+    assert any((b["input_ids"] == 2).any() for b in batches)
+
+
+def take_batches(pipe, n):
+    from zephon_core.testing import take
+
+    with pipe:
+        return take(pipe, n)

@@ -34,7 +34,9 @@ from .state import LaneState, PipelineState, check_progress
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
 
 
-def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineState:
+def admit(
+    state: Any, plan: Any, allow_changes: Iterable[str] = (), origin: str | None = None
+) -> PipelineState:
     """Parse and validate ``state`` against ``plan``; returns the state to restore.
 
     Raises:
@@ -45,6 +47,8 @@ def admit(state: Any, plan: Any, allow_changes: Iterable[str] = ()) -> PipelineS
     """
     allowed = _allowed(allow_changes)
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
+    if origin is not None:
+        parsed = dataclasses.replace(parsed, origin=origin)
     if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
     if parsed.fingerprint != plan.fingerprint:

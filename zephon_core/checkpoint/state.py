@@ -99,6 +99,8 @@ class LaneDelta:
     boundaries: tuple[int, ...]
     source: dict[str, Any]
     next_chunk: int
+    #: now and then, the sending worker's cumulative operator counters (``engine/stats.py``)
+    stats: Any = None
 
 
 @dataclass
@@ -248,6 +250,8 @@ class PipelineState:
     lanes: dict[int, LaneState]
     #: component and function digests; None for a version-1 state (not checked)
     content: dict[str, dict[str, str]] | None = None
+    #: where the state was read from, for the restore log (never serialized)
+    origin: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -30,6 +30,7 @@ from ..checkpoint.state import PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology
 from ..errors import ConfigError, LifecycleError, PipelineError
+from .restore_log import RestoreLog
 from .run import PipelineRun
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
         self._done = False
         self._failure: BaseException | None = None
         self._finalizer = weakref.finalize(self, self._run.close)
+        self._restore_log = RestoreLog(restore, self._run.order)
 
     def __iter__(self) -> PipelineIterator:
         return self
@@ -168,7 +170,9 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
             if step is None:
                 self._done = True
                 raise StopIteration
-            return self._run.commit(step)
+            out = self._run.commit(step)
+            self._restore_log.first_output()
+            return out
         except StopIteration:
             raise
         except BaseException as e:

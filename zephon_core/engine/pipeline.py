@@ -282,8 +282,16 @@ class Pipeline:
     ) -> Pipeline:
         return self.then(FilterOp(predicate, parallelism, name, runner, version))
 
-    def split(self, max_len: int, key: str = "input_ids") -> Pipeline:
-        return self.then(SplitOp(max_len, key))
+    def split(
+        self,
+        max_len: int,
+        key: str = "input_ids",
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+    ) -> Pipeline:
+        """Cut documents into fragments of at most ``max_len`` tokens; ``bos_id`` /
+        ``eos_id`` frame each document first (a packed row then shows where it ends)."""
+        return self.then(SplitOp(max_len, key, bos_id=bos_id, eos_id=eos_id))
 
     def pack(
         self, seq_len: int, bins: int = 8, strategy: str = "first_fit", key: str = "input_ids"
@@ -305,8 +313,24 @@ class Pipeline:
         seq_len: int | None = None,
         pad_to: str = "max",
         pad_id: int = 0,
+        attention: str = "position_ids",
+        mask_dtype: str = "float32",
+        flash_kwargs: bool = False,
     ) -> Pipeline:
-        return self.then(BatchOp(batch_size, drop_last, seq_len, pad_to, pad_id))
+        """Collate into dicts of tensors; for packed rows ``attention`` says how the model
+        learns where documents start (``ops/packed_batch.py``)."""
+        return self.then(
+            BatchOp(
+                batch_size,
+                drop_last,
+                seq_len,
+                pad_to,
+                pad_id,
+                attention=attention,
+                mask_dtype=mask_dtype,
+                flash_kwargs=flash_kwargs,
+            )
+        )
 
     # -- planning -------------------------------------------------------------------
     def compile(self) -> Plan:
@@ -331,22 +355,26 @@ class Pipeline:
         return self.compile().explain()
 
     # -- handles ----------------------------------------------------------------------
-    def _admit(self, state: Any, allow_changes: Iterable[str]) -> PipelineState:
+    def _admit(
+        self, state: Any, allow_changes: Iterable[str], origin: str | None = None
+    ) -> PipelineState:
         if not self.checkpointing:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
-        return admit(state, self.compile(), allow_changes)
+        return admit(state, self.compile(), allow_changes, origin)
 
     def iterate(
-        self, restore: Any = None, *, allow_changes: Iterable[str] = ()
+        self, restore: Any = None, *, allow_changes: Iterable[str] = (), origin: str | None = None
     ) -> PipelineIterator:
         """An independent iterator owning its own run.
 
         Args:
             restore: a state from ``state_dict()``/``checkpoint()`` to continue from;
                 default: the state given to ``load_state_dict()``, else the beginning.
-            allow_changes: see :meth:`load_state_dict`.
+            allow_changes, origin: see :meth:`load_state_dict`.
         """
-        start = self._admit(restore, allow_changes) if restore is not None else self._restore
+        start = (
+            self._admit(restore, allow_changes, origin) if restore is not None else self._restore
+        )
         return PipelineIterator(self, start)
 
     def dataloader(
@@ -357,13 +385,14 @@ class Pipeline:
         *,
         restore: Any = None,
         allow_changes: Iterable[str] = (),
+        origin: str | None = None,
         **kwargs: Any,
     ) -> ZephonDataLoader:
         """A DataLoader serving this rank's lanes; it becomes the pipeline's current handle.
         ``(canonical_replicas / dp_size) % num_workers`` must be 0. ``max_read_ahead``: how
         many batches the training loop may take beyond the last one it consumed and still
         ``checkpoint(served=...)`` at that one. ``restore``: as in :meth:`iterate`."""
-        start = self._next_start(restore, allow_changes, "pipe.dataloader()")
+        start = self._next_start(restore, allow_changes, "pipe.dataloader()", origin)
         topo = self.topology()
         loader = ZephonDataLoader(
             self,
@@ -389,7 +418,7 @@ class Pipeline:
         return cur if cur is not None and not cur.closed else None
 
     def _next_start(
-        self, restore: Any, allow_changes: Iterable[str], what: str
+        self, restore: Any, allow_changes: Iterable[str], what: str, origin: str | None = None
     ) -> PipelineState | None:
         live = self._live_current()
         if live is not None:
@@ -399,7 +428,7 @@ class Pipeline:
                 "first (pipe.close()), or use pipe.iterate() for an independent iterator"
             )
         if restore is not None:
-            start = self._admit(restore, allow_changes)
+            start = self._admit(restore, allow_changes, origin)
         else:
             if self._restore_used:
                 where = "the loaded state" if self._restore is not None else "the beginning"
@@ -425,7 +454,13 @@ class Pipeline:
         self._set(_current=it, _restore_used=True)
         return it
 
-    def load_state_dict(self, state: dict[str, Any], *, allow_changes: Iterable[str] = ()) -> None:
+    def load_state_dict(
+        self,
+        state: dict[str, Any],
+        *,
+        allow_changes: Iterable[str] = (),
+        origin: str | None = None,
+    ) -> None:
         """Set the state the next ``iter(pipe)`` / ``pipe.dataloader()`` starts from.
 
         Everything is validated here, before any work (see ``checkpoint/restore.py``).
@@ -434,7 +469,9 @@ class Pipeline:
             state: what ``checkpoint()``/``state_dict()`` returned (or ``Pipeline.load``).
             allow_changes: accept a deliberate content change: ``"data"`` (datasets whose
                 rows changed) and/or ``"functions"`` (map/filter functions that changed).
-                Positions continue; values come from the new content.
+                Positions continue; values come from the new content. ``"weights"`` /
+                ``"components"`` re-mix (``checkpoint/remix.py``).
+            origin: where the state came from (a path), named in the restore log line.
 
         Raises:
             LifecycleError: the pipeline already has a live iterator or loader.
@@ -449,7 +486,7 @@ class Pipeline:
                 "Restore first, pass the state to the handle (pipe.iterate(restore=state), "
                 "pipe.dataloader(restore=state)), or pipe.close() first"
             )
-        parsed = self._admit(state, allow_changes)
+        parsed = self._admit(state, allow_changes, origin)
         self._set(_restore=parsed, _restore_used=False, _current=None)
 
     def checkpoint(self, served: int | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ stream ends there for every rank (see ``finite_end.py`` for why).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ from .lane_stream import END_OF_LANE, LaneStream, Output
 from .mixture_report import mixture_report
 from .processes import StagePool, can_start_processes
 from .pump import Pump
-from .stats import OpStats
+from .stats import SHIP_EVERY, OpStats, WorkerStats
 
 
 class Skip:
@@ -89,6 +90,7 @@ class PipelineRun:
         }
         self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in self.streams.items()}
         self.shipped: dict[int, int] = {}  # lane -> next chunk id already sent as a delta
+        self._deltas = 0  # deltas sent (a worker ships its counters with some of them)
         self.pump: Pump | None = None
         self.closed = False
         self.chunks_replayed = sum(s.chunks_replayed for s in self.streams.values())
@@ -200,7 +202,20 @@ class PipelineRun:
         d = self.delivered[lane]
         delta = self.streams[lane].ledger.delta(d, self.shipped.get(lane, d.floor))
         self.shipped[lane] = delta.next_chunk
+        self._deltas += 1
+        if self._deltas % SHIP_EVERY == 1:  # the first, then every SHIP_EVERY-th
+            delta = dataclasses.replace(delta, stats=self.worker_stats())
         return delta
+
+    def worker_stats(self) -> WorkerStats:
+        b = self.plan.batch_index
+        batches = [s.ops[b] for s in self.streams.values()] if b is not None else []
+        return WorkerStats(
+            worker=self.order[0] if self.order else -1,
+            ops=tuple((st.records_in, st.records_out, st.seconds) for st in self.op_stats),
+            pad_tokens=sum(op.pad_tokens for op in batches),
+            total_tokens=sum(op.total_tokens for op in batches),
+        )
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0

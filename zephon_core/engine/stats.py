@@ -1,12 +1,15 @@
 """Live per-operator counters of a run (informational; updated without locks).
 
 A run holds one :class:`OpStats` per operator of its plan, shared by its lanes;
-operators themselves carry no counters.
+operators themselves carry no counters. A DataLoader worker ships its counters to the
+training process now and then (:class:`WorkerStats` on a ``LaneDelta``, every
+``SHIP_EVERY`` batches); the loader's ``stats()`` sums the latest of each worker.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass
@@ -28,3 +31,31 @@ class OpStats:
             "busy_s": round(busy, 6),
             "records_per_busy_s": round(self.records_in / busy, 1) if busy > 0 else 0.0,
         }
+
+
+#: a worker attaches its counters to every this-many-th delta (a few dozen bytes)
+SHIP_EVERY = 16
+
+
+class WorkerStats(NamedTuple):
+    """One worker's cumulative counters: per operator (in, out, busy seconds), padding."""
+
+    worker: int  # the worker's first lane: a key unique within a rank
+    ops: tuple[tuple[int, int, float], ...]
+    pad_tokens: int
+    total_tokens: int
+
+
+def sum_worker_stats(names: list[str], workers: list[WorkerStats]) -> dict:
+    """Per-operator counters (``OpStats.as_dict``) and padding summed over workers."""
+    totals = [OpStats() for _ in names]
+    pad = slots = 0
+    for w in workers:
+        for st, (i, o, sec) in zip(totals, w.ops):
+            st.add(OpStats(i, o, sec))
+        pad += w.pad_tokens
+        slots += w.total_tokens
+    return {
+        "operators": {n: st.as_dict() for n, st in zip(names, totals)},
+        "padding_ratio": pad / slots if slots else 0.0,
+    }

@@ -18,6 +18,7 @@ the inflight chunks).
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -33,7 +34,9 @@ from ..errors import ConfigError, ContractViolation, LifecycleError
 from ..validate import int_arg
 from .handle import StreamHandle, _failed_earlier
 from .mixture_report import mixture_report
+from .restore_log import RestoreLog
 from .run import PipelineRun, Skip, initial_state
+from .stats import WorkerStats, sum_worker_stats
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -95,6 +98,8 @@ class RankConsumer:
         self.order = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
         # (lane, its state before, whether the turn handed out a batch, turns it took)
         self.undo: deque[tuple[int, LaneState, bool, int]] = deque(maxlen=max_read_ahead)
+        self.workers: dict[int, WorkerStats] = {}  # the latest counters of each worker
+        self.started_at: float | None = None
         initial = restore if restore is not None else initial_state(plan, self.order)
         # the lane states as of the last batch handed out, kept up to date by deltas
         self.mirrors: dict[int, LaneState] = {
@@ -119,6 +124,10 @@ class RankConsumer:
         mirror.apply(delta)
         self.turn += 1
         self.served += served
+        if delta.stats is not None:  # the latest counters of the worker that sent it
+            self.workers[delta.stats.worker] = delta.stats
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
 
     def position(self, turn: int | None = None) -> int:
         return self.start + (self.turn if turn is None else turn) * self.topology.dp_size
@@ -153,14 +162,18 @@ class RankConsumer:
 
     def stats(self) -> dict[str, Any]:
         mirrors = list(self.mirrors.values())
+        elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
         return {
             "outputs": self.served,
+            "outputs_per_s": self.served / elapsed if elapsed > 0 else 0.0,
             "position": self.position(),
             "lanes": list(self.order),
             "inflight_chunks": {lane: len(m.chunks) for lane, m in self.mirrors.items()},
             "mixture": mixture_report(
                 self.plan.source, (m.tokens for m in mirrors), (m.source for m in mirrors)
             ),
+            # summed over the workers' latest counters (shipped every SHIP_EVERY batches)
+            **sum_worker_stats([op.name for op in self.plan.ops], list(self.workers.values())),
         }
 
 
@@ -226,6 +239,9 @@ class ZephonDataLoader(StreamHandle, DataLoader):
             max_read_ahead=self.max_read_ahead,
         )
         it = _LoaderIterator(self, super().__iter__())
+        # the first pass logs the restore; later passes continue this loader's own stream
+        first, self._iterated = not getattr(self, "_iterated", False), True
+        it._restore_log = RestoreLog(self.dataset.restore if first else None, self.consumer.order)
         self._live.add(it)
         return it
 
@@ -233,8 +249,9 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         return self.consumer.snapshot(served)
 
     def stats(self) -> dict[str, Any]:
-        """Consumer-side counters: batches handed out, position, inflight chunks per lane,
-        realized vs target mixture."""
+        """Batches handed out (and per second), position, inflight chunks per lane, the
+        mixture per dataset, and the operators' counters and padding ratio summed over
+        the workers (each ships its counters with every ``SHIP_EVERY``-th batch)."""
         return self.consumer.stats()
 
     def close(self) -> None:
@@ -255,6 +272,7 @@ class _LoaderIterator(Iterator[Any]):
         self._several = loader._topology.dp_size > 1
         self._done = False
         self._failure: BaseException | None = None
+        self._restore_log = RestoreLog(None, ())
 
     def __iter__(self) -> _LoaderIterator:
         return self
@@ -281,7 +299,9 @@ class _LoaderIterator(Iterator[Any]):
             if item is None:
                 self._end()
                 raise StopIteration
-            return self._commit(item)
+            out = self._commit(item)
+            self._restore_log.first_output()
+            return out
         except StopIteration:
             raise
         except BaseException as e:

@@ -1,9 +1,10 @@
 """batch: collates a lane's records into dicts of torch tensors.
 
-Token payloads (``payload[key]``) become ``input_ids`` int64 [B, L],
-``labels`` (-100 on padding), ``attention_mask`` and, for packed rows,
-``position_ids`` (restarting at every fragment) and ``segment_ids`` (1..n per
-fragment, 0 on padding). Other payloads go through torch's default collate.
+Token payloads (``payload[key]``) become ``input_ids`` int64 [B, L] and ``labels``
+(-100 on padding); rows that are not packed get a padding ``attention_mask``, packed
+rows what ``packed_batch.py`` describes key by key (labels masked at every document
+start, ``position_ids`` restarting per document, per-document attention the way
+Transformers models honour it). Other payloads go through torch's default collate.
 
 ``drop_last=True`` keeps a partial batch across a flush -- the one stall the
 pipeline allows (the ``holds_across_flush`` trait), made safe by the replay filter
@@ -27,6 +28,7 @@ from ..records import Record
 from ..validate import bool_arg, int_arg
 from .base import OpContext, Operator, OpTraits, check_tokens
 from .pack import PackOp
+from .packed_batch import ATTENTION_MODES, MASK_DTYPES, packed_fields
 
 
 class BatchOp(Operator):
@@ -41,6 +43,9 @@ class BatchOp(Operator):
         pad_id: int = 0,
         key: str = "input_ids",
         name: str = "batch",
+        attention: str = "position_ids",
+        mask_dtype: str = "float32",
+        flash_kwargs: bool = False,
     ):
         batch_size = int_arg("batch_size", batch_size, minimum=1, where="batch")
         drop_last = bool_arg("drop_last", drop_last, where="batch")
@@ -48,6 +53,13 @@ class BatchOp(Operator):
             raise ConfigError(f"batch(pad_to={pad_to!r}): use 'max' (pad to seq_len) or 'longest'")
         seq_len = int_arg("seq_len", seq_len, minimum=1, where="batch", allow_none=True)
         pad_id = int_arg("pad_id", pad_id, where="batch")
+        if attention not in ATTENTION_MODES:
+            raise ConfigError(f"batch(attention={attention!r}): use one of {ATTENTION_MODES}")
+        if mask_dtype not in MASK_DTYPES:
+            raise ConfigError(f"batch(mask_dtype={mask_dtype!r}): use one of {list(MASK_DTYPES)}")
+        self.attention = attention
+        self.mask_dtype = mask_dtype
+        self.flash_kwargs = bool_arg("flash_kwargs", flash_kwargs, where="batch")
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.seq_len = seq_len
@@ -62,9 +74,11 @@ class BatchOp(Operator):
     def bind(self, ctx: OpContext) -> None:
         super().bind(ctx)
         self._width = self.seq_len
+        packs = [op for op in ctx.upstream if isinstance(op, PackOp)]
         if self._width is None and self.pad_to == "max":
-            packs = [op for op in ctx.upstream if isinstance(op, PackOp)]
             self._width = packs[-1].seq_len if packs else None
+        #: rows are packed documents (the model must be told where each one starts)
+        self.packed = bool(packs)
 
     @property
     def width(self) -> int | None:
@@ -145,33 +159,20 @@ class BatchOp(Operator):
         if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
             check_tokens(self, records, key, joined)
         ids[maskb] = joined
-        mask = maskb.astype(np.int64)
-        packed = "segment_lengths" in payloads[0]
-        if packed:
-            seglens = [p["segment_lengths"] for p in payloads]
-            per_row = np.fromiter((len(x) for x in seglens), dtype=np.int64, count=b)
-            flen = np.concatenate(seglens).astype(np.int64)
-            fstart = np.cumsum(flen) - flen
-            pos = np.zeros((b, width), dtype=np.int64)
-            seg = np.zeros((b, width), dtype=np.int64)
-            pos[maskb] = np.arange(int(flen.sum())) - np.repeat(fstart, flen)
-            nfrag = len(flen)
-            idx_in_row = np.arange(nfrag) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-            seg[maskb] = np.repeat(idx_in_row + 1, flen)
-        labels = np.where(mask == 1, ids, -100)
         n_tokens = sum(lengths)
         self.rows += b
         self.total_tokens += b * width
         self.pad_tokens += b * width - n_tokens
-        out = {
+        if "segment_lengths" in payloads[0]:
+            seglens = [p["segment_lengths"] for p in payloads]
+            return packed_fields(
+                ids, maskb, seglens, self.attention, self.mask_dtype, self.flash_kwargs
+            )
+        return {
             "input_ids": torch.from_numpy(ids),
-            "labels": torch.from_numpy(labels),
-            "attention_mask": torch.from_numpy(mask),
+            "labels": torch.from_numpy(np.where(maskb, ids, -100)),
+            "attention_mask": torch.from_numpy(maskb.astype(np.int64)),
         }
-        if packed:
-            out["position_ids"] = torch.from_numpy(pos)
-            out["segment_ids"] = torch.from_numpy(seg)
-        return out
 
     def describe(self) -> dict:
         return {
@@ -183,4 +184,12 @@ class BatchOp(Operator):
             "pad_to": self.pad_to,
             "pad_id": self.pad_id,
             "key": self.key,
-        }
+        } | (
+            {
+                "attention": self.attention,
+                "mask_dtype": self.mask_dtype,
+                "flash_kwargs": self.flash_kwargs,
+            }
+            if getattr(self, "packed", False)
+            else {}
+        )

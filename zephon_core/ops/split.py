@@ -1,6 +1,9 @@
-"""split: token sequences longer than ``max_len`` become children of <= max_len tokens."""
+"""split: token sequences longer than ``max_len`` become children of <= max_len tokens,
+optionally framed by ``bos_id`` / ``eos_id`` first (one per document, not per child)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..errors import ConfigError
 from ..records import Contributor, Record, SampleCursor
@@ -20,9 +23,17 @@ class SplitOp(Operator):
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
     def __init__(
-        self, max_len: int, key: str = "input_ids", parallelism: int = 1, name: str = "split"
+        self,
+        max_len: int,
+        key: str = "input_ids",
+        parallelism: int = 1,
+        name: str = "split",
+        bos_id: int | None = None,
+        eos_id: int | None = None,
     ):
         max_len = int_arg("max_len", max_len, minimum=1, where="split")
+        self.bos_id = int_arg("bos_id", bos_id, minimum=0, allow_none=True, where="split")
+        self.eos_id = int_arg("eos_id", eos_id, minimum=0, allow_none=True, where="split")
         self.max_len = max_len
         self.key = key
         self.parallelism = parallelism
@@ -37,6 +48,8 @@ class SplitOp(Operator):
                 "record; put split() before pack() and use it once"
             )
         c = record.contributors[0]
+        if self.bos_id is not None or self.eos_id is not None:
+            payload, tokens = self._framed(record, payload, tokens)
         n = len(tokens)
         max_len = self.max_len
         if n <= max_len:
@@ -64,5 +77,31 @@ class SplitOp(Operator):
             )
         return out
 
+    def _framed(self, record: Record, payload: dict, tokens):
+        """The document with ``bos_id`` before and ``eos_id`` after its tokens (a packed
+        row then shows the model where each document ends, as pretraining data does)."""
+        n = len(tokens)
+        side = [
+            k
+            for k, v in payload.items()
+            if k != self.key and hasattr(v, "__len__") and hasattr(v, "shape") and len(v) == n
+        ]
+        if side:
+            raise ConfigError(
+                f"split(bos_id=/eos_id=): the record at {tuple(record.cursor)} carries "
+                f"per-token arrays {side} that the inserted tokens would misalign; add the "
+                "special tokens in your tokenize map instead"
+            )
+        parts = ([self.bos_id] if self.bos_id is not None else [], tokens)
+        parts += ([self.eos_id] if self.eos_id is not None else [],)
+        framed = np.concatenate([np.asarray(p, dtype=tokens.dtype) for p in parts])
+        return {**payload, self.key: framed}, framed
+
     def describe(self) -> dict:
-        return {"op": "split", "name": self.name, "max_len": self.max_len, "key": self.key}
+        out = {"op": "split", "name": self.name, "max_len": self.max_len, "key": self.key}
+        # only when set: fingerprints of pipelines without them stay as they were
+        if self.bos_id is not None:
+            out["bos_id"] = self.bos_id
+        if self.eos_id is not None:
+            out["eos_id"] = self.eos_id
+        return out

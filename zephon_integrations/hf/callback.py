@@ -38,6 +38,7 @@ from zephon_core.ops import BatchOp
 
 from ..metrics import loader_metrics
 from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
+from .packed import turn_cache_off
 from .rows import Feed, ZephonRows
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class ZephonCallback(TrainerCallback):
                 "or accelerator_config={'dispatch_batches': False}, or "
                 "ZephonTrainer"
             )
+        turn_cache_off(kwargs.get("model"), pipe)
         if layout.own_lanes:  # TP/CP peers share a data-parallel index and get the same lanes
             pipe = pipe.bind(
                 rank=args.process_index,
@@ -162,7 +164,7 @@ class ZephonCallback(TrainerCallback):
         self._layout, self._start_step, self._saved = layout, state.global_step, None
         if state.global_step > 0:  # the Trainer loaded a checkpoint's trainer_state.json
             path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
-            pipe.load_state_dict(read_state(path))
+            pipe.load_state_dict(read_state(path), origin=str(path))
             self._rng_from = path
         if not layout.reads:
             self.pipeline = self.loader = None

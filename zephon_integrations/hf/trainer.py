@@ -21,6 +21,7 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from ..metrics import loader_metrics
 from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
+from .packed import turn_cache_off
 
 __all__ = ["STATE_FILE", "ZephonTrainer"]
 
@@ -71,6 +72,7 @@ class ZephonTrainer(Trainer):
         if self.zephon_loader is not None:
             self.zephon_loader.close()
         self._zephon_served = 0
+        turn_cache_off(self.model, self._zephon())
         restore, self._zephon_restore = self._zephon_restore, None
         self.zephon_loader = (
             self._zephon()
@@ -79,6 +81,7 @@ class ZephonTrainer(Trainer):
                 num_workers=self.args.dataloader_num_workers,
                 pin_memory=self.args.dataloader_pin_memory,
                 restore=restore,
+                origin=getattr(self, "_zephon_origin", None) if restore is not None else None,
             )
         )
         return self.zephon_loader
@@ -106,6 +109,7 @@ class ZephonTrainer(Trainer):
             self._zephon().description().load_state_dict(state)  # validated before any work
             self._zephon_restore = state
             self._zephon_rng_from = path
+            self._zephon_origin = str(path)
         try:
             return super().train(path or None, *args, **kwargs)
         finally:

@@ -99,6 +99,13 @@ class ZephonDataModule(pl.LightningDataModule):
         self.allow_fresh_start = allow_fresh_start
         self.restore_rng = restore_rng
         self._val_fn = val_dataloader_fn
+        if (
+            val_dataloader_fn is None
+            and type(self).val_dataloader is ZephonDataModule.val_dataloader
+        ):
+            # no validation data: Lightning then sees no val_dataloader and does not warn
+            # "you passed a val_dataloader but have no validation_step"
+            self.val_dataloader = None
         self.pipeline: Pipeline | None = None  # this rank's description
         self._restore: dict[str, Any] | None = None  # where the next loader starts
         self._loader: ZephonDataLoader | None = None
@@ -144,8 +151,12 @@ class ZephonDataModule(pl.LightningDataModule):
                 # asked again within one fit: continue after the consumed batches
                 restore = self._loader.checkpoint(served=self._consumed)
             self._loader.close()
+        origin = getattr(trainer, "ckpt_path", None) if restore is self._restore else None
         self._loader = self.pipeline.description().dataloader(
-            num_workers=self.num_workers, pin_memory=self.pin_memory, restore=restore
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            restore=restore,
+            origin=str(origin) if origin else None,
         )
         self._loader_trainer = trainer
         self._restore = None
@@ -232,7 +243,8 @@ class ZephonDataModule(pl.LightningDataModule):
 
 
 class _Meter:
-    """Rows and tokens per second of consumed training batches, and padding."""
+    """Rows and labelled tokens per second of consumed training batches, and the share
+    of slots without a label (padding, plus each packed document's first token)."""
 
     def __init__(self) -> None:
         self.t0: float | None = None
@@ -241,11 +253,13 @@ class _Meter:
     def observe(self, batch: Any) -> None:
         if self.t0 is None:
             self.t0 = time.perf_counter()
-        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
-        if isinstance(mask, torch.Tensor):
-            self.rows += mask.shape[0]
-            self.tokens += int(mask.sum())
-            self.slots += mask.numel()
+        # tokens that carry a label (packed rows have no 2-D attention_mask; their
+        # padding and each document's first token are -100)
+        labels = batch.get("labels") if isinstance(batch, dict) else None
+        if isinstance(labels, torch.Tensor) and labels.ndim == 2:
+            self.rows += labels.shape[0]
+            self.tokens += int((labels != -100).sum())
+            self.slots += labels.numel()
 
     def metrics(self) -> dict[str, float]:
         dt = time.perf_counter() - self.t0 if self.t0 is not None else 0.0

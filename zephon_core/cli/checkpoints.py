@@ -1,0 +1,120 @@
+"""Finding a Zephon state wherever it was saved, and summarizing it.
+
+A state can sit in a Zephon state file (``pipe.save()``, msgpack+zstd), in a Lightning
+``.ckpt`` (under the top-level key ``"zephon"``, or an older datamodule entry), or in
+an HF ``checkpoint-N/`` directory (``zephon_state.msgpack.zst``). ``read_any`` takes any
+of them; ``summary`` turns a state into what ``zephon inspect`` prints.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import codec
+from ..checkpoint.state import FORMAT
+from ..errors import CorruptCheckpoint
+
+HF_STATE_FILE = "zephon_state.msgpack.zst"  # as zephon_integrations.hf.checkpoint_dir
+
+
+def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """The state at ``path`` and what kind of file held it.
+
+    Raises:
+        CorruptCheckpoint: nothing at ``path`` holds a Zephon state (the message says
+            what was looked for).
+    """
+    p = Path(path)
+    if p.is_dir():
+        f = p / HF_STATE_FILE
+        if not f.exists():
+            raise CorruptCheckpoint(
+                f"{p} is a directory without {HF_STATE_FILE}: not an HF checkpoint written "
+                "with ZephonCallback/ZephonTrainer"
+            )
+        return codec.decode(codec.read_bytes(f)), "HF checkpoint directory"
+    if not p.exists():
+        raise CorruptCheckpoint(f"{p} does not exist")
+    data = codec.read_bytes(p)
+    if data.startswith(codec.MAGIC):
+        return codec.decode(data), "Zephon state file"
+    return _from_torch(p), "Lightning checkpoint"
+
+
+def _from_torch(p: Path) -> dict[str, Any]:
+    import torch
+
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - named
+        raise CorruptCheckpoint(f"{p} is not a readable torch checkpoint: {e}") from e
+    if not isinstance(ckpt, dict):
+        raise CorruptCheckpoint(f"{p} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    entry = ckpt.get("zephon")
+    if isinstance(entry, dict) and isinstance(entry.get("state"), dict):
+        return entry["state"]
+    for value in ckpt.values():  # an older checkpoint: the datamodule's own entry
+        if isinstance(value, dict):
+            inner = value.get("zephon")
+            if isinstance(inner, dict) and inner.get("format") == FORMAT:
+                return inner
+    raise CorruptCheckpoint(
+        f"{p} holds no Zephon state (no 'zephon' entry): was it written with ZephonDataModule?"
+    )
+
+
+def summary(state: dict[str, Any]) -> dict[str, Any]:
+    """What ``zephon inspect`` reports (JSON-able)."""
+    config = state.get("config", {})
+    src = config.get("source", {})
+    names = list(src.get("names", []))
+    sizes = list(src.get("lengths", []))
+    docs = [0] * len(names)
+    tokens = [0] * len(names)
+    lanes = []
+    for ls in state.get("lanes", []):
+        cursors = (ls.get("source") or {}).get("cursors", [])
+        for i, c in enumerate(cursors[: len(names)]):
+            docs[i] += c
+        for i, t in enumerate(ls.get("tokens", [])[: len(names)]):
+            tokens[i] += t
+        lanes.append(
+            {
+                "lane": ls["lane"],
+                "delivered": ls["delivered"],
+                "cursor": ls["cursor"],
+                "inflight_chunks": len(ls["chunks"]),
+                "chunk_range": [ls["floor"], ls["next_chunk"]],
+                "exhausted": ls["exhausted"],
+            }
+        )
+    total_tokens = sum(tokens) or 1
+    components = {
+        name: {
+            "documents": docs[i],
+            "epochs": round(docs[i] / sizes[i], 4) if i < len(sizes) and sizes[i] else None,
+            "tokens": tokens[i],
+            "token_share": round(tokens[i] / total_tokens, 4),
+        }
+        for i, name in enumerate(names)
+    }
+    return {
+        "format": state.get("format"),
+        "version": state.get("version"),
+        "fingerprint": state.get("fingerprint"),
+        "position": state.get("position"),
+        "lanes": lanes,
+        "inflight_chunks": sum(lane["inflight_chunks"] for lane in lanes),
+        "components": components,
+        "config": {
+            "canonical_replicas": config.get("canonical_replicas"),
+            "flush_every_k_chunks": config.get("flush_every_k_chunks"),
+            "seed": config.get("seed"),
+            "source": {k: v for k, v in src.items() if k != "token_lengths"},
+            "ops": [
+                op.get("op", "?") + ":" + str(op.get("name", "")) for op in config.get("ops", [])
+            ],
+        },
+    }

@@ -1,0 +1,227 @@
+"""The ``zephon`` subcommands (``zephon --help``); see the package docstring."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..checkpoint.fingerprint import config_diff
+from ..errors import ZephonError
+from .checkpoints import read_any, summary
+
+LEGEND = """\
+Legend:
+  Stage[i]          operators that run together; records flow from stage to stage
+  place=local       runs in this process (DataLoader workers each run a copy)
+  runner=threads    stateless order-keeping operators with parallelism > 1, on a
+                    thread pool, a chunk's records (a microbatch) at a time
+  runner=processes  the same on worker processes (map(..., runner="processes"))
+  runner=inline     everything else, record by record, in the lane's own thread
+  cap=N             how many microbatches the stage works on at once
+  mode=             microbatches (parallel stages) or stream_items (inline)
+  op@pN             operator name and its parallelism
+  -[in_q=N]->       microbatches queued ahead into a parallel stage
+  --[stage_out=N]-->  outputs buffered between two stages
+  *_replay_filter   inserted before batch: after a restore it drops what was
+                    already delivered (docs/design.md section 6)
+  final_prefetch=N  outputs the background pump keeps ready (0: no pump thread)"""
+
+
+def _load_factory(spec: str):
+    """``module:function`` or ``path/to/file.py:function``."""
+    if ":" not in spec:
+        raise click.BadParameter(f"{spec!r}: use module:function (e.g. my_train:build_pipeline)")
+    mod_name, _, fn_name = spec.rpartition(":")
+    try:
+        if mod_name.endswith(".py") or "/" in mod_name:
+            path = Path(mod_name).resolve()
+            sys.path.insert(0, str(path.parent))
+            loaded = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - reported as a usage error
+        raise click.BadParameter(f"cannot import {mod_name!r}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise click.BadParameter(f"{mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+def _build(spec: str):
+    from ..engine.pipeline import Pipeline
+
+    pipe = _load_factory(spec)()
+    if not isinstance(pipe, Pipeline):
+        raise click.BadParameter(f"{spec}() returned {type(pipe).__name__}, not a Pipeline")
+    return pipe
+
+
+@click.group(help=(__doc__ or "").strip())
+def cli() -> None:
+    pass
+
+
+@cli.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(path: str, as_json: bool) -> None:
+    """A state file, a Lightning .ckpt or an HF checkpoint-N/ directory: position, lanes,
+    per-dataset documents/epochs/tokens, inflight chunks, configuration."""
+    try:
+        state, kind = read_any(path)
+    except ZephonError as e:
+        raise click.ClickException(str(e)) from e
+    info = summary(state)
+    info["file"] = {"path": str(path), "kind": kind}
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    src = info["config"]["source"]
+    click.echo(f"{kind}: {path}")
+    click.echo(f"  format {info['format']} v{info['version']}, fingerprint {info['fingerprint']}")
+    click.echo(
+        f"  global position {info['position']}; {len(info['lanes'])} lanes, "
+        f"{info['inflight_chunks']} inflight chunks to replay"
+    )
+    unit = src.get("weights_unit", "documents")
+    click.echo(f"  datasets (weights {src.get('weights')} in {unit}):")
+    for name, c in info["components"].items():
+        epochs = "?" if c["epochs"] is None else f"{c['epochs']:.3f}"
+        click.echo(
+            f"    {name:<16} documents {c['documents']:>10}  epochs {epochs:>8}  "
+            f"tokens delivered {c['tokens']:>12}  ({100 * c['token_share']:.1f} %)"
+        )
+    click.echo("  lanes:")
+    for lane in info["lanes"]:
+        click.echo(
+            f"    lane {lane['lane']:>3}: delivered {lane['delivered']:>8}, cursor "
+            f"{lane['cursor']}, inflight chunks {lane['chunk_range'][0]}.."
+            f"{lane['chunk_range'][1] - 1} ({lane['inflight_chunks']})"
+            + (", ended" if lane["exhausted"] else "")
+        )
+    cfg = info["config"]
+    click.echo(
+        f"  pipeline: canonical_replicas={cfg['canonical_replicas']} "
+        f"flush_every_k_chunks={cfg['flush_every_k_chunks']} seed={cfg['seed']}; "
+        f"operators {', '.join(cfg['ops'])}"
+    )
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+def diff(a: str, b: str) -> None:
+    """Why checkpoint A does not restore as B: B is another checkpoint, or a pipeline
+    factory (module:function). Exit code 1 when they differ."""
+    try:
+        sa, _ = read_any(a)
+    except ZephonError as e:
+        raise click.ClickException(str(e)) from e
+    if Path(b).exists():
+        sb, _ = read_any(b)
+        lines = config_diff(sa.get("config"), sb.get("config"))
+        content_a, content_b = sa.get("content") or {}, sb.get("content") or {}
+        for part in ("components", "ops"):
+            ca, cb = content_a.get(part, {}), content_b.get(part, {})
+            for name in sorted(set(ca) | set(cb)):
+                if ca.get(name) != cb.get(name):
+                    lines.append(
+                        f"content of {part[:-1]} {name!r}: {ca.get(name)} vs {cb.get(name)}"
+                    )
+        if not lines:
+            click.echo("same configuration and content: B restores A's state exactly")
+            return
+        click.echo("\n".join(lines))
+        raise SystemExit(1)
+    pipe = _build(b)
+    try:
+        pipe.description().load_state_dict(sa)
+    except ZephonError as e:
+        click.echo(f"{type(e).__name__}: {e}")
+        raise SystemExit(1) from None
+    click.echo(f"{b}() restores {a} exactly")
+
+
+@cli.command()
+@click.argument("factory")
+def explain(factory: str) -> None:
+    """The plan of FACTORY's pipeline: stages, runners, queues; with a legend."""
+    click.echo(_build(factory).explain())
+    click.echo("\n" + LEGEND)
+
+
+@cli.command()
+@click.argument("factory")
+@click.option("--cuts", default="1,17,100", show_default=True, help="Outputs before each cut.")
+@click.option("--total", type=int, default=None, help="Outputs compared per run.")
+@click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers.")
+def verify(factory: str, cuts: str, total: int | None, workers: int) -> None:
+    """Cut FACTORY's stream at each cut, restore a freshly built pipeline and compare every
+    output with an uninterrupted run. Exit code 1 on the first difference."""
+    from ..testing import ResumeMismatch, assert_resume_equivalent
+
+    points = [int(c) for c in cuts.split(",") if c.strip()]
+    build = _load_factory(factory)
+    t0 = time.perf_counter()
+    try:
+        report = assert_resume_equivalent(build, points, total, num_workers=workers)
+    except (ResumeMismatch, ZephonError) as e:
+        click.echo(f"NOT exact: {type(e).__name__}: {e}")
+        raise SystemExit(1) from None
+    click.echo(
+        f"exact: {report.total} outputs compared at cuts {report.cuts} "
+        f"(chunks replayed {report.chunks_replayed}, checkpoint bytes "
+        f"{report.checkpoint_bytes}) in {time.perf_counter() - t0:.1f}s"
+    )
+
+
+@cli.command()
+@click.argument("factory")
+@click.option("--batches", type=int, default=200, show_default=True)
+@click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers.")
+def bench(factory: str, batches: int, workers: int) -> None:
+    """Batches/s and tokens/s of FACTORY's pipeline (in process, or through a DataLoader)."""
+    from tqdm import tqdm
+
+    pipe = _build(factory)
+    handle: Any = pipe.dataloader(num_workers=workers) if workers else pipe.iterate()
+    it = iter(handle)
+    tokens = 0
+    t0 = time.perf_counter()
+    first = None
+    try:
+        for _ in tqdm(range(batches), desc="batches", unit="batch", file=sys.stderr):
+            out = next(it)
+            if first is None:
+                first = time.perf_counter() - t0
+            tokens += _tokens(out)
+    except StopIteration:
+        pass
+    finally:
+        handle.close()
+    dt = time.perf_counter() - t0
+    click.echo(
+        f"{batches / dt:.1f} batches/s, {tokens / dt:,.0f} tokens/s "
+        f"(first batch after {1000 * (first or 0):.0f} ms, {workers} workers)"
+    )
+
+
+def _tokens(out: Any) -> int:
+    if isinstance(out, dict):
+        labels = out.get("labels")
+        if labels is not None and hasattr(labels, "ne"):
+            return int(labels.ne(-100).sum())
+        ids = out.get("input_ids")
+        if ids is not None and hasattr(ids, "numel"):
+            return int(ids.numel())
+    return 0

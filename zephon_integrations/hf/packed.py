@@ -1,0 +1,44 @@
+"""Packed batches and the model's KV cache.
+
+Transformers (5.x) derives a per-document causal mask from restarting ``position_ids``
+only when no attention mask is given *and no cache is built*; with
+``config.use_cache=True`` (the default of most causal LMs' configs, also in training)
+attention silently crosses the documents of a packed row. The Trainer sets
+``config.use_cache = args.use_cache`` (False by default); when a user turns it on and a
+Zephon pipeline emits packed rows with ``attention="position_ids"`` (the default), the
+HF integrations turn the model's cache off for training and warn
+(``tests/integrations/test_packed_models.py`` shows both behaviours on GPT-2 and Llama).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from zephon_core import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+def needs_cache_off(pipe: Pipeline) -> bool:
+    """The pipeline's batches tell documents apart by ``position_ids`` alone."""
+    plan = pipe.compile()
+    if plan.batch_index is None:
+        return False
+    op = plan.ops[plan.batch_index]
+    return bool(getattr(op, "packed", False)) and getattr(op, "attention", "") == "position_ids"
+
+
+def turn_cache_off(model: Any, pipe: Pipeline) -> bool:
+    """Set ``model.config.use_cache = False`` when packed rows need it; returns whether it
+    changed anything."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    if config is None or not getattr(config, "use_cache", False) or not needs_cache_off(pipe):
+        return False
+    config.use_cache = False
+    log.warning(
+        "Zephon: the pipeline packs documents into rows and marks them by position_ids; "
+        "model.config.use_cache is set to False so Transformers keeps attention inside "
+        "each document (with a cache it would not)"
+    )
+    return True
