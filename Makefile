@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.zephon-installed
 # The CPU build of torch lies on disk here; pinning it avoids a multi-GB CUDA download.
 TORCH   := torch==2.13.0
 
-.PHONY: test demo demo-core demo-hf bench lint format clean
+.PHONY: test demo demo-kill demo-core demo-hf bench lint format clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,12 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) examples/lightning_resume.py
+
+# the same two demos, with the interrupted run killed by SIGKILL mid-run
+demo-kill: $(STAMP)
+	$(VPY) -m pip install -q -e ".[hf]" "$(TORCH)"
+	$(VPY) examples/lightning_resume.py --kill
+	$(VPY) examples/hf_trainer_resume.py --kill
 
 demo-core: $(STAMP)
 	$(VPY) examples/core_resume_demo.py

@@ -16,6 +16,8 @@ import argparse
 import hashlib
 import logging
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -108,6 +110,18 @@ class Recording(TrainerCallback):
             self.record.append((state.global_step, self.batches[-1], float(logs["loss"])))
 
 
+class KillAt(TrainerCallback):
+    """SIGKILLs its own process right after step ``step`` was logged: no cleanup, no
+    final save, exactly what an OOM kill or a lost node does to a training process."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs and state.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class CrashAt(TrainerCallback):
     """Stops training after ``step`` (the "crash"), with the schedule of the full run."""
 
@@ -127,6 +141,8 @@ def train(
     path: str,
     resume: bool = False,
     crash_at: int | None = None,
+    save_steps: int | None = None,
+    extra: list | None = None,
 ) -> list:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
@@ -136,7 +152,7 @@ def train(
         output_dir=str(out),
         max_steps=steps,
         save_strategy="steps",
-        save_steps=max(1, steps // 4),
+        save_steps=save_steps or max(1, steps // 4),
         save_total_limit=2,
         learning_rate=3e-3,
         logging_steps=1,
@@ -146,7 +162,7 @@ def train(
         per_device_train_batch_size=BATCH,
     )
     recording = Recording(model)
-    callbacks = [recording] + ([CrashAt(crash_at)] if crash_at else [])
+    callbacks = [recording] + ([CrashAt(crash_at)] if crash_at else []) + list(extra or [])
     if path == "callback":  # an unmodified Trainer
         zephon = ZephonCallback(factory)
         trainer = Trainer(
@@ -162,6 +178,31 @@ def train(
     return recording.record
 
 
+KILL_SAVE_STEPS = 15  # checkpoint interval of the run that gets killed
+
+
+def killed_run(d: Path, n: int, path: str) -> int:
+    """Run B in a child process that is SIGKILLed right after step ``n``; returns the step
+    of its last complete checkpoint."""
+    (d / "B").mkdir()
+    cmd = [sys.executable, __file__, "--child", str(d), "--steps", str(n), "--path", path]
+    code = subprocess.run(cmd).returncode
+    if code != -signal.SIGKILL:
+        raise SystemExit(f"run B should have been killed by SIGKILL, but exited with {code}")
+    return max(int(p.name.split("-")[1]) for p in (d / "B").glob("checkpoint-*"))
+
+
+def child(opts: argparse.Namespace) -> None:
+    d = Path(opts.child)
+    paths = {name: str(d / "data" / name) for name in ("prose", "code")}
+    factory = PipelineFactory(paths, d / "tokenizer.json")
+    out = d / "B"
+    train(
+        factory, out, 2 * opts.steps, opts.path, save_steps=KILL_SAVE_STEPS,
+        extra=[KillAt(opts.steps)],
+    )  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="N: stop at N, resume to 2N")
@@ -171,22 +212,34 @@ def main() -> None:
         default="callback",
         help="Trainer + ZephonCallback, or the per-rank ZephonTrainer",
     )
+    ap.add_argument("--kill", action="store_true", help="SIGKILL run B mid-run at step N")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     n, path = opts.steps, opts.path
     logging.disable(logging.WARNING)
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
-    print(__doc__.strip().splitlines()[0], f"({path})\n")
+    if opts.child:
+        return child(opts)
+    print(__doc__.strip().splitlines()[0], f"({path}{', SIGKILL' if opts.kill else ''})\n")
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         tok = d / "tokenizer.json"
         train_tokenizer(tok)
         factory = PipelineFactory(save_datasets(d / "data", tok), tok)
         full = train(factory, d / "A", 2 * n, path)
-        train(factory, d / "B", 2 * n, path, crash_at=n)
+        if opts.kill:
+            start = killed_run(d, n, path)
+            print(
+                f"run B: killed with SIGKILL after step {n}; its last complete "
+                f"checkpoint is checkpoint-{start}"
+            )
+        else:
+            train(factory, d / "B", 2 * n, path, crash_at=n)
+            start = n
         resumed = train(factory, d / "B", 2 * n, path, resume=True)
-        kept = sorted(p.name for p in (d / "B").iterdir())
-    tail = full[n:]
+        kept = sorted(p.name for p in (d / "B").iterdir() if p.name.startswith("checkpoint"))
+    tail = [r for r in full if r[0] > start]
     for (s, a, la), (_, b, lb) in list(zip(tail, resumed))[:3]:
         print(
             f"  step {s:3d}: batch {a} {'==' if a == b else '!='} {b}   loss {la:.4f} vs {lb:.4f}"

@@ -5,11 +5,14 @@ Lightning on the embedded mixture (Python's own docs as prose, its standard libr
 as code), tokenized by a BPE trained on the spot, packed to 256 tokens, shuffled and
 mixture-corrected by Zephon, served by ``ZephonDataModule`` with 2 DataLoader workers.
 
-Run A trains 2N steps uninterrupted. Run B trains N steps and stops (the "crash");
-run C is a new Trainer and a new DataModule that resume B's last checkpoint with
-``ckpt_path`` and continue to 2N. The demo compares, step by step, the fingerprints
-of the batches ``training_step`` saw in A and in B+C, the loss curves, and writes a
-PNG of both loss curves and of the realized vs target mixture share.
+Run A trains 2N steps uninterrupted. Run B trains N steps and stops (a graceful stop,
+``max_steps=N``); with ``--kill`` run B instead runs in a child process that is killed
+with SIGKILL right after step N, mid-run (it kills itself: no cleanup, no final save),
+with checkpoints every 20 steps. Run C is a new
+Trainer and a new DataModule that resume B's ``last.ckpt`` with ``ckpt_path`` and
+continue to 2N. The demo compares, step by step, the fingerprints of the batches
+``training_step`` saw in A and in C, the loss curves, and writes a PNG of both loss
+curves and of the realized vs target token share of each dataset.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import argparse
 import hashlib
 import logging
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -86,6 +91,18 @@ class TinyCausalLM(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
 
+class KillAt(pl.Callback):
+    """SIGKILLs its own process right after training step ``step``: no cleanup, no final
+    save, exactly what an OOM kill or a lost node does to a training process."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.record[-1][0] >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def fit(
     tok: Path,
     max_steps: int,
@@ -93,6 +110,7 @@ def fit(
     resume: str | None = None,
     every: int | None = None,
     workers: int = 2,
+    extra: list | None = None,
 ) -> tuple[TinyCausalLM, ZephonDataModule]:
     pl.seed_everything(1234, verbose=False)
     model = TinyCausalLM()
@@ -103,7 +121,7 @@ def fit(
     )
     callbacks = [
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every or max_steps, save_last=True)
-    ]
+    ] + list(extra or [])
     trainer = pl.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
@@ -147,11 +165,42 @@ def plot(path: Path, full: list, resumed: list, n: int, metrics: dict) -> None:
     fig.savefig(path, dpi=110)
 
 
+KILL_EVERY = 20  # checkpoint interval of the run that gets killed
+
+
+def killed_run(tok: Path, n: int, ckpt_dir: Path) -> int:
+    """Run B in a child process that is SIGKILLed right after step ``n``; returns the step
+    of its last checkpoint."""
+    cmd = [sys.executable, __file__, "--child", str(ckpt_dir), "--tok", str(tok)]
+    code = subprocess.run(cmd + ["--steps", str(n)]).returncode
+    if code != -signal.SIGKILL:
+        raise SystemExit(f"run B should have been killed by SIGKILL, but exited with {code}")
+    return int(torch.load(ckpt_dir / "last.ckpt", weights_only=False)["global_step"])
+
+
+def child(args: argparse.Namespace) -> None:
+    """The run that gets killed: checkpoints every KILL_EVERY steps, dies after step N."""
+    fit(
+        Path(args.tok),
+        2 * args.steps,
+        Path(args.child),
+        every=KILL_EVERY,
+        extra=[KillAt(args.steps)],
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=150, help="N: crash at N, resume to 2N")
     ap.add_argument("--out", default="out", help="where the PNG goes")
+    ap.add_argument("--kill", action="store_true", help="SIGKILL run B mid-run at step N")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--tok", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        warnings.filterwarnings("ignore")
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        return child(args)
     n = args.steps
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -165,21 +214,27 @@ def main() -> None:
         t0 = time.perf_counter()
         full_model, full_dm = fit(tok, 2 * n, d / "A")
         print(f"run A: {2 * n} steps uninterrupted in {time.perf_counter() - t0:.0f}s")
-        fit(tok, n, d / "B")
+        if args.kill:
+            start = killed_run(tok, n, d / "B")
+            how = f"killed with SIGKILL after step {n}, last checkpoint at step {start}"
+        else:
+            fit(tok, n, d / "B")
+            start, how = n, f"stopped at step {n} (max_steps)"
         ckpt = d / "B" / "last.ckpt"
         state = torch.load(ckpt, weights_only=False)["zephon"]["state"]
         size = len(codec.encode(state))
         inflight = sum(len(lane["chunks"]) for lane in state["lanes"])
         print(
-            f"run B: stopped at step {n}; its checkpoint holds a {size}-byte Zephon state "
+            f"run B: {how}; its checkpoint holds a {size}-byte Zephon state "
             f"({len(state['lanes'])} lanes, {inflight} inflight chunks to replay)"
         )
         resumed_model, _ = fit(tok, 2 * n, d / "C", resume=str(ckpt))
         print(
             f"run C: new Trainer + new ZephonDataModule, ckpt_path=last.ckpt, steps "
-            f"{n}..{2 * n - 1}\n"
+            f"{start}..{2 * n - 1}\n"
         )
     full, resumed = full_model.record, resumed_model.record
+    n = start
     tail = full[n:]
     # the same batches and, with dropout on, the same losses bit for bit
     same = [a[1] == b[1] and a[2] == b[2] for a, b in zip(tail, resumed)]
