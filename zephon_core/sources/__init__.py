@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from .base import SourceSpec, WorkSource
 from .chunk import WorkChunk
+from .parquet import ParquetComponent, parquet_component
 from .permutation import KeyedPermutation
 from .schedule import WeightSchedule
 from .static_mixture import StaticMixtureWorkSource
 
 __all__ = [
     "KeyedPermutation",
+    "ParquetComponent",
     "SourceSpec",
     "StaticMixtureWorkSource",
     "WeightSchedule",
     "WorkChunk",
     "WorkSource",
+    "parquet_component",
 ]

@@ -1,0 +1,160 @@
+"""Parquet shards as components: local files and a real S3-compatible server (moto's,
+started here on 127.0.0.1) reached through s3fs exactly as a user would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import byte_tokenize
+
+from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
+from zephon_core.sources.parquet import parquet_component
+from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
+
+SHARDS = 4
+ROWS = [23, 17, 31, 9]  # rows per shard, in row groups of 5
+
+
+def _rows(shard: int) -> list[dict]:
+    rng = np.random.default_rng(shard)
+    return [
+        {"text": f"s{shard}r{i} " + "x" * int(rng.integers(5, 200)), "id": f"{shard}-{i}"}
+        for i in range(ROWS[shard])
+    ]
+
+
+def _write(open_fn, path: str, rows: list[dict]) -> None:
+    table = pa.Table.from_pylist(rows)
+    with open_fn(path, "wb") as fh:
+        pq.write_table(table, fh, row_group_size=5)
+
+
+ALL = [r for s in range(SHARDS) for r in _rows(s)]
+
+
+@pytest.fixture()
+def local(tmp_path):
+    for s in range(SHARDS):
+        _write(open, str(tmp_path / f"part-{s:03d}.parquet"), _rows(s))
+    return tmp_path
+
+
+def test_a_directory_of_shards_reads_like_one_dataset(local):
+    comp = parquet_component(str(local), columns=["text", "id"])
+    assert len(comp) == sum(ROWS)
+    assert [len(s.row_groups) for s in comp.shards] == [5, 4, 7, 2]
+    picks = [0, 22, 23, 40, 79, 5, 6]
+    assert comp.__getitems__(picks) == [ALL[i] for i in picks]
+    only = parquet_component(str(local / "*.parquet"), columns=["id"])
+    assert only.__getitems__([41]) == [{"id": ALL[41]["id"]}]
+
+
+def test_the_row_group_cache_is_bounded(local):
+    comp = parquet_component(str(local), columns=["text"], cache_bytes=1)
+    for i in range(0, len(comp), 3):
+        assert comp[i]["text"] == ALL[i]["text"]
+    assert len(comp._cache) == 1  # only the last row group stays
+
+
+def test_bad_inputs_are_config_errors(local, tmp_path):
+    with pytest.raises(ConfigError, match="no Parquet files"):
+        parquet_component(str(tmp_path / "nothing-*.parquet"))
+    with pytest.raises(ConfigError, match="no columns"):
+        parquet_component(str(local), columns=["missing"])
+    (local / "junk.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match="not a readable Parquet"):
+        parquet_component(str(local))
+
+
+def _pipe(comp) -> Pipeline:
+    src = StaticMixtureWorkSource({"docs": comp}, chunk_size=8, seed=3)
+    return (
+        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1)
+        .fetch()
+        .map(byte_tokenize, name="tok")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=2)
+        .batch(batch_size=2)
+    )
+
+
+def test_a_parquet_pipeline_resumes_exactly(local):
+    assert_resume_equivalent(
+        lambda: _pipe(parquet_component(str(local), columns=["text"])), cut_points=[0, 5, 17]
+    )
+
+
+def test_a_rewritten_shard_is_refused_at_restore(local):
+    with _pipe(parquet_component(str(local), columns=["text"])) as pipe:
+        take(pipe, 4)
+        state = pipe.checkpoint()
+    _write(open, str(local / "part-002.parquet"), _rows(2)[::-1])  # same rows, other order
+    with pytest.raises(IncompatibleCheckpoint, match="dataset 'docs'"):
+        _pipe(parquet_component(str(local), columns=["text"])).load_state_dict(state)
+
+
+# -- a real S3-compatible endpoint ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3():
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"},
+    }
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=f"http://{host}:{port}",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket="corpus")
+    fs = s3fs.S3FileSystem(**options)
+    for s in range(SHARDS):
+        _write(fs.open, f"corpus/web/part-{s:03d}.parquet", _rows(s))
+    yield fs, options
+    server.stop()
+
+
+def test_shards_in_s3_read_and_stream_like_local_ones(s3, local):
+    fs, options = s3
+    comp = parquet_component("s3://corpus/web/*.parquet", columns=["text"], storage_options=options)
+    assert len(comp) == sum(ROWS) and all(s.version for s in comp.shards)  # ETags
+    with _pipe(comp) as remote, _pipe(parquet_component(str(local), columns=["text"])) as here:
+        assert_streams_equal(take(remote, 12), take(here, 12), "s3 vs local shards")
+
+
+def test_s3_shards_through_dataloader_workers_resume_exactly(s3):
+    fs, options = s3
+
+    def build():
+        return _pipe(
+            parquet_component("s3://corpus/web/", columns=["text"], storage_options=options)
+        )
+
+    assert_resume_equivalent(build, cut_points=[3, 11], total=16, num_workers=2)
+
+
+def test_a_shard_rewritten_in_s3_is_refused_at_restore(s3):
+    fs, options = s3
+    url = "s3://corpus/web/*.parquet"
+    with _pipe(parquet_component(url, columns=["text"], storage_options=options)) as pipe:
+        take(pipe, 3)
+        state = pipe.checkpoint()
+    _write(fs.open, "corpus/web/part-001.parquet", _rows(1)[::-1])
+    fs.invalidate_cache()
+    with pytest.raises(IncompatibleCheckpoint, match="dataset 'docs'"):
+        _pipe(parquet_component(url, columns=["text"], storage_options=options)).load_state_dict(
+            state
+        )
+    _write(fs.open, "corpus/web/part-001.parquet", _rows(1))  # leave it as the others expect
