@@ -14,6 +14,7 @@ from .errors import (
     PipelineError,
     PipelineStalled,
     ReplayDivergence,
+    SourceChanged,
     TopologyError,
     ZephonError,
 )
@@ -47,5 +48,6 @@ __all__ = [
     "IncompatibleCheckpoint",
     "MissingCheckpointState",
     "ReplayDivergence",
+    "SourceChanged",
 ]
 __version__ = "0.1.0"

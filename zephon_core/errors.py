@@ -56,6 +56,11 @@ class PipelineStalled(PipelineError):
     holds every record. The message names the stage, lane and cursor."""
 
 
+class SourceChanged(PipelineError):
+    """A file the running job indexed was deleted or rewritten under it: the stream
+    cannot stay the one its checkpoints describe. The message names the file."""
+
+
 class TopologyError(ZephonError, ValueError):
     """Lanes, ranks and workers do not fit together."""
 

@@ -158,3 +158,16 @@ def test_a_shard_rewritten_in_s3_is_refused_at_restore(s3):
             state
         )
     _write(fs.open, "corpus/web/part-001.parquet", _rows(1))  # leave it as the others expect
+
+
+def test_a_shard_rewritten_or_deleted_mid_run_is_a_typed_error(local):
+    from zephon_core import SourceChanged
+
+    comp = parquet_component(str(local), columns=["text"], cache_bytes=1)
+    assert comp[30]["text"] == ALL[30]["text"]
+    _write(open, str(local / "part-003.parquet"), _rows(3)[:4])  # rewritten, shorter
+    with _pipe(comp) as pipe, pytest.raises(SourceChanged, match="part-003.parquet changed"):
+        take(pipe, 40)
+    (local / "part-001.parquet").unlink()
+    with pytest.raises(SourceChanged, match="part-001.parquet was deleted"):
+        comp.__getitems__([30])

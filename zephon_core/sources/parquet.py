@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, PipelineError
+from ..errors import ConfigError, PipelineError, SourceChanged
 
 __all__ = ["ParquetComponent", "parquet_component"]
 
@@ -192,9 +192,25 @@ class ParquetComponent:
         fs = self._filesystem()
         try:
             with fs.open(shard.path, "rb") as fh:
+                size = getattr(fh, "size", None)  # known from the open, no extra request
+                if size is not None and shard.size and size != shard.size:
+                    raise SourceChanged(
+                        f"shard {shard.path} changed under the running job ({size} bytes, "
+                        f"{shard.size} when indexed): restore the file, or start a new run "
+                        "(a checkpoint of this one would not restore over the new file)",
+                        operator="fetch",
+                    )
                 pf = pq.ParquetFile(fh, metadata=self._meta.get(s))
                 self._meta.setdefault(s, pf.metadata)
                 return pf.read_row_group(rg, columns=self.columns)
+        except SourceChanged:
+            raise
+        except FileNotFoundError as e:
+            raise SourceChanged(
+                f"shard {shard.path} was deleted under the running job: restore it, or "
+                "start a new run",
+                operator="fetch",
+            ) from e
         except Exception as e:  # noqa: BLE001 - named: which shard and row group
             raise PipelineError(
                 f"reading row group {rg} of {shard.path} failed: {type(e).__name__}: {e}",
