@@ -53,6 +53,7 @@ class Ranks:
         self.sync = root / "sync"
         self.sync.mkdir(exist_ok=True)
         self.specs: dict[str, dict] = {}
+        self.env: dict[str, str] = {}  # extra environment of the rank processes
 
     def add(self, tag: str, rank: int, world: int, *, rounds: list[dict], **spec) -> None:
         self.specs[tag] = dict(
@@ -68,7 +69,7 @@ class Ranks:
 
     def run(self, guard_s: float = GUARD_S) -> dict[str, dict]:
         procs = {}
-        env = worker_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = worker_env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **self.env)
         try:
             for tag, spec in self.specs.items():
                 path = self.dir / f"{tag}.json"

@@ -1,0 +1,93 @@
+"""Aggregation rounds through object storage: ``aggregate_dir="s3://..."`` against a real
+S3-compatible server (moto's, on 127.0.0.1) reached through s3fs, with several real rank
+processes -- a plain round, and a leader killed mid-round followed by restarted ranks."""
+
+from __future__ import annotations
+
+import pytest
+from test_aggregation import (
+    K1,
+    SLACK_S,
+    assert_failed,
+    assert_files_complete,
+    assert_same,
+    err,
+    fault_ranks,
+    reference,
+)
+
+BUCKET = "coordination"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",  # how a user points s3fs at an endpoint
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
+    fs = s3fs.S3FileSystem(
+        key="testing", secret="testing", client_kwargs={"endpoint_url": env["AWS_ENDPOINT_URL"]}
+    )
+    yield fs, env
+    server.stop()
+
+
+def _files(fs, prefix: str) -> dict[str, bytes]:
+    fs.invalidate_cache()
+    return {p.rsplit("/", 1)[-1]: fs.cat(p) for p in fs.find(f"{BUCKET}/{prefix}")}
+
+
+def test_a_round_through_s3_merges_every_rank(tmp_path, s3):
+    fs, env = s3
+    world = 2
+    ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=f"s3://{BUCKET}/plain")
+    ranks.env = env
+    logs = ranks.logs(ranks.run())
+    for r in range(world):
+        entry = logs[f"r{r}"]["rounds"][0]
+        assert entry.get("ok"), err(entry)
+        assert_same(reference()["states"][world * K1], entry["state"], f"rank {r} via s3")
+    assert_files_complete(_files(fs, "plain"), "after a round through s3")
+
+
+def test_leader_killed_mid_round_on_s3_then_restarted_ranks_complete(tmp_path, s3):
+    fs, env = s3
+    timeout, world = 4.0, 2
+    agg = f"s3://{BUCKET}/killed"
+    ranks = fault_ranks(
+        tmp_path,
+        world,
+        timeout,
+        agg_dir=agg,
+        name="crash",
+        per_rank={0: dict(faults=["kill_after_state_write"])},
+    )
+    ranks.env = env
+    logs = ranks.logs(ranks.run(), killed=("r0",))
+    fol = logs["r1"]["rounds"][0]
+    assert_failed(fol, "AggregationError", "follower of the killed leader (s3)")
+    assert fol["elapsed"] <= timeout + SLACK_S, fol["elapsed"]
+    assert_files_complete(_files(fs, "killed"), "after the leader was killed (s3)")
+    ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=agg, name="restart")
+    ranks.env = env
+    logs = ranks.logs(ranks.run())
+    for r in range(world):
+        entry = logs[f"r{r}"]["rounds"][0]
+        assert entry.get("ok"), err(entry)
+        assert_same(reference()["states"][world * K1], entry["state"], f"restarted rank {r}")
