@@ -171,3 +171,133 @@ def test_a_shard_rewritten_or_deleted_mid_run_is_a_typed_error(local):
     (local / "part-001.parquet").unlink()
     with pytest.raises(SourceChanged, match="part-001.parquet was deleted"):
         comp.__getitems__([30])
+
+
+# -- faults of object storage: a proxy in front of the server --------------------------------
+
+
+class FaultProxy:
+    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a
+    Parquet object with 503 SlowDown (S3's throttling reply), as a busy bucket does.
+    (botocore and s3fs retry throttling themselves; the tests turn those retries down so
+    the component's own retries, for what outlasts them, are what is exercised.)"""
+
+    SLOWDOWN = (
+        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+        b"<Message>Please reduce your request rate.</Message></Error>"
+    )
+
+    def __init__(self, target: str, fail: int):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlparse
+
+        up = urlparse(target)
+        proxy = self
+        self.fail, self.failed = fail, 0
+        self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                body = None
+                if "Content-Length" in self.headers:
+                    body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.command == "GET" and self.path.split("?")[0].endswith(".parquet"):
+                    with proxy.lock:
+                        inject = proxy.failed < proxy.fail
+                        proxy.failed += inject
+                    if inject:
+                        self.send_response(503)
+                        self.send_header("Content-Type", "application/xml")
+                        self.send_header("Content-Length", str(len(proxy.SLOWDOWN)))
+                        self.end_headers()
+                        self.wfile.write(proxy.SLOWDOWN)
+                        return
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
+                conn.request(self.command, self.path, body, dict(self.headers))
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.thread.join()
+
+
+def test_throttled_reads_are_retried_and_counted_and_nothing_changes(s3, monkeypatch):
+    from zephon_core.sources import parquet
+
+    fs, options = s3
+    monkeypatch.setattr(parquet, "BACKOFF_S", 0.001)  # keep the test fast
+    proxy = FaultProxy(options["client_kwargs"]["endpoint_url"], fail=0)
+    try:
+        # botocore's own retries off: the component's retries are what is tested
+        through = dict(
+            options,
+            client_kwargs=dict(options["client_kwargs"], endpoint_url=proxy.url),
+            config_kwargs={"retries": {"max_attempts": 1}},
+            skip_instance_cache=True,
+        )
+        comp = parquet_component(
+            "s3://corpus/web/*.parquet", columns=["text"], storage_options=through
+        )
+        comp.fs.retries = 1  # s3fs retries SlowDown itself: as if its attempts ran out
+        proxy.fail = 3  # the index is built; now the row-group reads are throttled
+        with _pipe(comp) as pipe:
+            got = take(pipe, 10)
+            io = pipe.stats()["io"]["docs"]
+        clean = parquet_component(
+            "s3://corpus/web/*.parquet", columns=["text"], storage_options=options
+        )
+        with _pipe(clean) as pipe:
+            assert_streams_equal(got, take(pipe, 10), "throttled vs clean reads")
+    finally:
+        proxy.close()
+    # three throttled GETs; some surfaced past s3fs's own (turned down) retries and were
+    # retried by the component; the stream is the clean one all the same
+    assert proxy.failed == 3 and 1 <= io["retries"] <= 3 and io["row_group_reads"] > 0
+
+
+def test_a_read_that_keeps_failing_names_the_shard(s3, monkeypatch):
+    from zephon_core import PipelineError
+    from zephon_core.sources import parquet
+
+    fs, options = s3
+    monkeypatch.setattr(parquet, "BACKOFF_S", 0.001)
+    proxy = FaultProxy(options["client_kwargs"]["endpoint_url"], fail=0)
+    try:
+        through = dict(
+            options,
+            client_kwargs=dict(options["client_kwargs"], endpoint_url=proxy.url),
+            config_kwargs={"retries": {"max_attempts": 1}},
+            skip_instance_cache=True,
+        )
+        comp = parquet_component(
+            "s3://corpus/web/*.parquet", columns=["text"], storage_options=through
+        )
+        comp.fs.retries = 1
+        proxy.fail = 10**6
+        with pytest.raises(PipelineError, match=r"part-00\d\.parquet failed 6 times"):
+            comp.__getitems__([0])
+        assert comp.io_stats()["retries"] == parquet.ATTEMPTS - 1
+    finally:
+        proxy.close()

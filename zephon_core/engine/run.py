@@ -239,6 +239,8 @@ class PipelineRun:
             "operators": {op.name: st.as_dict() for op, st in zip(self.plan.ops, self.op_stats)},
             "mixture": mixture,
             "padding_ratio": pad / slots if slots else 0.0,
+            # reads, cache hits and retries of datasets that count them (this process)
+            "io": io() if callable(io := getattr(self.plan.source, "io_stats", None)) else {},
         }
 
     def close(self, join_timeout: float = 5.0) -> None:

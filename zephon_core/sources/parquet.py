@@ -23,9 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,8 +81,39 @@ def parquet_component(
     return ParquetComponent(fs, paths, columns, cache_bytes)
 
 
+#: attempts per row-group read, and the backoff between them (doubling, capped)
+ATTEMPTS = 6
+BACKOFF_S, MAX_BACKOFF_S = 0.05, 5.0
+_TRANSIENT = ("SlowDown", "503", "Service Unavailable", "ServiceUnavailable", "Connection reset",
+              "reset by peer", "ServerDisconnected", "timed out", "Timeout")  # fmt: skip
+
+
+_TRANSIENT_ERRNOS = {errno.EBUSY, errno.EAGAIN, errno.ECONNRESET, errno.ETIMEDOUT}
+
+
+def transient(e: BaseException | None) -> bool:
+    """Throttling, resets and timeouts of object storage: worth retrying the same read.
+    (s3fs reports S3's SlowDown as ``OSError(EBUSY)``; the chain is searched too.)"""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return True
+        if any(t in f"{type(e).__name__}: {e}" for t in _TRANSIENT):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 class ParquetComponent:
-    """``len()`` rows over sorted shards; ``__getitems__`` reads by row group (cached)."""
+    """``len()`` rows over sorted shards; ``__getitems__`` reads by row group (cached).
+
+    A read that fails transiently (throttling such as S3's 503 SlowDown, a connection
+    reset, a timeout) is retried up to ``ATTEMPTS`` times with capped exponential
+    backoff; the same row group is read again, so nothing is lost or duplicated.
+    ``io_stats()`` counts reads, cache hits and retries (of this process).
+    """
 
     def __init__(
         self, fs: Any, paths: Sequence[str], columns: Sequence[str] | None, cache_bytes: int
@@ -105,6 +138,11 @@ class ParquetComponent:
         self._lock = threading.Lock()
         self._meta: dict[int, Any] = {}
         self._pid = os.getpid()
+        self._io = {"row_group_reads": 0, "cache_hits": 0, "retries": 0}
+
+    def io_stats(self) -> dict[str, int]:
+        """Row groups read, cache hits and retried reads, in this process."""
+        return dict(self._io)
 
     def _filesystem(self) -> Any:
         """The filesystem of this process: a forked DataLoader worker builds its own
@@ -173,8 +211,9 @@ class ParquetComponent:
             table = self._cache.get(g)
             if table is not None:
                 self._cache.move_to_end(g)
+                self._io["cache_hits"] += 1
                 return table
-        table = self._read(g)
+        table = self._read_retrying(g)
         with self._lock:
             if g not in self._cache:
                 self._cache[g] = table
@@ -183,6 +222,22 @@ class ParquetComponent:
                     _, old = self._cache.popitem(last=False)
                     self._cached -= old.nbytes
         return table
+
+    def _read_retrying(self, g: int) -> Any:
+        delay, attempt = BACKOFF_S, 1
+        while True:
+            try:
+                table = self._read(g)
+                self._io["row_group_reads"] += 1
+                return table
+            except PipelineError as e:
+                cause = e.__cause__
+                if cause is None or not transient(cause) or attempt >= ATTEMPTS:
+                    raise
+            self._io["retries"] += 1
+            attempt += 1
+            time.sleep(delay)  # backoff before reading the same row group again
+            delay = min(2 * delay, MAX_BACKOFF_S)
 
     def _read(self, g: int) -> Any:
         import pyarrow.parquet as pq
@@ -213,7 +268,9 @@ class ParquetComponent:
             ) from e
         except Exception as e:  # noqa: BLE001 - named: which shard and row group
             raise PipelineError(
-                f"reading row group {rg} of {shard.path} failed: {type(e).__name__}: {e}",
+                f"reading row group {rg} of {shard.path} failed"
+                + (f" {ATTEMPTS} times" if transient(e) else "")
+                + f": {type(e).__name__}: {e}",
                 operator="fetch",
             ) from e
 
@@ -221,7 +278,7 @@ class ParquetComponent:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_cache", "_cached", "_lock", "_meta", "_pid"):
+        for k in ("_cache", "_cached", "_lock", "_meta", "_pid", "_io"):
             state.pop(k, None)
         return state
 

@@ -266,6 +266,14 @@ class StaticMixtureWorkSource:
         ds = self._datasets[component]
         return [ds[r] for r in rows]
 
+    def io_stats(self) -> dict[str, dict[str, int]]:
+        """Per dataset that counts its reads (e.g. Parquet shards): reads, retries, ..."""
+        return {
+            name: ds.io_stats()
+            for name, ds in zip(self.component_names, self._datasets, strict=True)
+            if callable(getattr(ds, "io_stats", None))
+        }
+
     @property
     def finite(self) -> bool:
         """Whether the lanes end (some weighted dataset is capped and ends the lane, or
