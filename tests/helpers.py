@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -158,3 +159,33 @@ def finite_pipeline(prefetch: int = 2) -> Pipeline:
         .map(byte_tokenize, name="tokenize")
         .split(max_len=256)
     )
+
+
+@contextlib.contextmanager
+def s3_server(bucket: str):
+    """A real S3-compatible server (moto's) on 127.0.0.1 holding an empty ``bucket``;
+    yields ``(endpoint_url, storage_options)`` for s3fs, as a user would pass them."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=bucket)
+        options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        yield endpoint, options
+    finally:
+        server.stop()

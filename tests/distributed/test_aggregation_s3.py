@@ -5,6 +5,7 @@ processes -- a plain round, and a leader killed mid-round followed by restarted 
 from __future__ import annotations
 
 import pytest
+from helpers import s3_server
 from test_aggregation import (
     K1,
     SLACK_S,
@@ -21,31 +22,16 @@ BUCKET = "coordination"
 
 @pytest.fixture(scope="module")
 def s3():
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    import boto3
+    import s3fs
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",  # how a user points s3fs at an endpoint
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=BUCKET)
-    fs = s3fs.S3FileSystem(
-        key="testing", secret="testing", client_kwargs={"endpoint_url": env["AWS_ENDPOINT_URL"]}
-    )
-    yield fs, env
-    server.stop()
+    with s3_server(BUCKET) as (endpoint, options):
+        env = {
+            "AWS_ENDPOINT_URL": endpoint,  # how a user points s3fs at an endpoint
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        yield s3fs.S3FileSystem(**options), env
 
 
 def _files(fs, prefix: str) -> dict[str, bytes]:

@@ -417,3 +417,21 @@ def test_batch_refuses_non_integer_or_2d_token_ids(tokens, word):
     with pytest.raises(ContractViolation, match="'batch'") as ei:
         feed(op, records)
     assert word in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "attention, flash", [("position_ids", True), ("mask_4d", False), ("mask_2d", False)]
+)
+def test_every_packed_attention_mode_resumes_exactly(attention, flash):
+    from zephon_core.testing import assert_resume_equivalent
+
+    def build():
+        return (
+            Pipeline(token_source(), canonical_replicas=2, seed=2, flush_every_k_chunks=2)
+            .fetch()
+            .split(max_len=12)
+            .pack(seq_len=12, bins=3)
+            .batch(3, attention=attention, flash_kwargs=flash)
+        )
+
+    assert_resume_equivalent(build, cut_points=[0, 4, 9], total=15)

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import byte_tokenize
+from helpers import byte_tokenize, s3_server
 
 from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
 from zephon_core.sources.parquet import parquet_component
@@ -100,30 +100,13 @@ def test_a_rewritten_shard_is_refused_at_restore(local):
 
 @pytest.fixture(scope="module")
 def s3():
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"},
-    }
-    import boto3
+    import s3fs
 
-    boto3.client(
-        "s3",
-        endpoint_url=f"http://{host}:{port}",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket="corpus")
-    fs = s3fs.S3FileSystem(**options)
-    for s in range(SHARDS):
-        _write(fs.open, f"corpus/web/part-{s:03d}.parquet", _rows(s))
-    yield fs, options
-    server.stop()
+    with s3_server("corpus") as (_, options):
+        fs = s3fs.S3FileSystem(**options)
+        for s in range(SHARDS):
+            _write(fs.open, f"corpus/web/part-{s:03d}.parquet", _rows(s))
+        yield fs, options
 
 
 def test_shards_in_s3_read_and_stream_like_local_ones(s3, local):
@@ -243,6 +226,20 @@ class FaultProxy:
         self.thread.join()
 
 
+def _through(proxy: FaultProxy, options: dict):
+    """The shards read through ``proxy``, with botocore's and s3fs's own retries turned
+    down, so the component's retries are what is exercised."""
+    through = dict(
+        options,
+        client_kwargs=dict(options["client_kwargs"], endpoint_url=proxy.url),
+        config_kwargs={"retries": {"max_attempts": 1}},
+        skip_instance_cache=True,
+    )
+    comp = parquet_component("s3://corpus/web/*.parquet", columns=["text"], storage_options=through)
+    comp.fs.retries = 1  # s3fs retries SlowDown itself: as if its attempts ran out
+    return comp
+
+
 def test_throttled_reads_are_retried_and_counted_and_nothing_changes(s3, monkeypatch):
     from zephon_core.sources import parquet
 
@@ -250,17 +247,7 @@ def test_throttled_reads_are_retried_and_counted_and_nothing_changes(s3, monkeyp
     monkeypatch.setattr(parquet, "BACKOFF_S", 0.001)  # keep the test fast
     proxy = FaultProxy(options["client_kwargs"]["endpoint_url"], fail=0)
     try:
-        # botocore's own retries off: the component's retries are what is tested
-        through = dict(
-            options,
-            client_kwargs=dict(options["client_kwargs"], endpoint_url=proxy.url),
-            config_kwargs={"retries": {"max_attempts": 1}},
-            skip_instance_cache=True,
-        )
-        comp = parquet_component(
-            "s3://corpus/web/*.parquet", columns=["text"], storage_options=through
-        )
-        comp.fs.retries = 1  # s3fs retries SlowDown itself: as if its attempts ran out
+        comp = _through(proxy, options)
         proxy.fail = 3  # the index is built; now the row-group reads are throttled
         with _pipe(comp) as pipe:
             got = take(pipe, 10)
@@ -285,16 +272,7 @@ def test_a_read_that_keeps_failing_names_the_shard(s3, monkeypatch):
     monkeypatch.setattr(parquet, "BACKOFF_S", 0.001)
     proxy = FaultProxy(options["client_kwargs"]["endpoint_url"], fail=0)
     try:
-        through = dict(
-            options,
-            client_kwargs=dict(options["client_kwargs"], endpoint_url=proxy.url),
-            config_kwargs={"retries": {"max_attempts": 1}},
-            skip_instance_cache=True,
-        )
-        comp = parquet_component(
-            "s3://corpus/web/*.parquet", columns=["text"], storage_options=through
-        )
-        comp.fs.retries = 1
+        comp = _through(proxy, options)
         proxy.fail = 10**6
         with pytest.raises(PipelineError, match=r"part-00\d\.parquet failed 6 times"):
             comp.__getitems__([0])

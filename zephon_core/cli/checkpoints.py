@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import codec
-from ..checkpoint.state import FORMAT
+from ..checkpoint.trainer_files import HF_STATE_FILE, legacy_lightning_state, lightning_entry
 from ..errors import CorruptCheckpoint
-
-HF_STATE_FILE = "zephon_state.msgpack.zst"  # as zephon_integrations.hf.checkpoint_dir
 
 
 def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
@@ -52,14 +50,14 @@ def _from_torch(p: Path) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{p} is not a readable torch checkpoint: {e}") from e
     if not isinstance(ckpt, dict):
         raise CorruptCheckpoint(f"{p} holds a {type(ckpt).__name__}, not a checkpoint dict")
-    entry = ckpt.get("zephon")
-    if isinstance(entry, dict) and isinstance(entry.get("state"), dict):
+    entry = lightning_entry(ckpt)
+    if entry is not None:
+        if not isinstance(entry["state"], dict):
+            raise CorruptCheckpoint(f"{p}: the Zephon entry's state is not a dict")
         return entry["state"]
-    for value in ckpt.values():  # an older checkpoint: the datamodule's own entry
-        if isinstance(value, dict):
-            inner = value.get("zephon")
-            if isinstance(inner, dict) and inner.get("format") == FORMAT:
-                return inner
+    legacy = legacy_lightning_state(ckpt)  # an older checkpoint: the datamodule's own entry
+    if legacy is not None:
+        return legacy
     raise CorruptCheckpoint(
         f"{p} holds no Zephon state (no 'zephon' entry): was it written with ZephonDataModule?"
     )

@@ -226,9 +226,11 @@ def compile_plan(
         if batch_index is not None:
             batch_index += 1
     _bind(ops, source, seed)
+    # once per compile: the restore compares them, and they key the length estimate
+    content = content_fingerprints(source, user_ops)
     if getattr(source, "needs_length_estimate", ()):
         # token-weighted mixing without given lengths: measure with these operators
-        source = estimate_lengths(source, ops, seed)
+        source = estimate_lengths(source, ops, seed, content)
         _bind(ops, source, seed)
     for op in ops:
         if getattr(op, "runner", "threads") == "processes":
@@ -255,6 +257,6 @@ def compile_plan(
         checkpointing=checkpointing,
         stall_timeout_s=stall_timeout_s,
         config=config,
-        content=content_fingerprints(source, user_ops),
+        content=content,
         fingerprint=fingerprint(config),
     )

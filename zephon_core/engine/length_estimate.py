@@ -35,8 +35,13 @@ SAMPLE_ROWS = 256
 _KEY = "input_ids"
 
 
-def estimate_lengths(source: Any, ops: Sequence[Operator], seed: int) -> Any:
-    """``source`` with every missing token length measured (``source.with_lengths``)."""
+def estimate_lengths(
+    source: Any, ops: Sequence[Operator], seed: int, content: dict[str, dict[str, str]]
+) -> Any:
+    """``source`` with every missing token length measured (``source.with_lengths``).
+    ``content``: the datasets' and operators' content fingerprints, as compile computed
+    them; with the seed and the operators they key the cache, so changed data or a
+    changed tokenizer is measured anew."""
     missing = source.needs_length_estimate
     if not missing:
         return source
@@ -44,7 +49,11 @@ def estimate_lengths(source: Any, ops: Sequence[Operator], seed: int) -> Any:
     # measured once per source and operators: DataLoader workers and later compiles of a
     # pickled or reused source find the result on it (a cache, never part of the config)
     key = json.dumps(
-        [seed, [[op.describe(), op.content_fingerprint()] for op in chain]],
+        [
+            seed,
+            content.get("components", {}),
+            [[op.describe(), content.get("ops", {}).get(op.name)] for op in chain],
+        ],
         sort_keys=True,
         default=str,
     )

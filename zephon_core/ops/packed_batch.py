@@ -56,7 +56,6 @@ def packed_fields(
     """The tensors of a packed batch (see the module docstring); ``ids`` [B, L] is
     padded, ``maskb`` marks real tokens, ``seglens`` holds each row's segment lengths."""
     b, width = ids.shape
-    per_row = np.fromiter((len(x) for x in seglens), dtype=np.int64, count=b)
     flen = np.concatenate(seglens).astype(np.int64)
     fstart = np.cumsum(flen) - flen
     # padding counts as one more document (positions 0, 1, ... after the last segment)
@@ -70,6 +69,7 @@ def packed_fields(
         "position_ids": torch.from_numpy(pos),
     }
     if attention == "mask_2d":
+        per_row = np.fromiter((len(x) for x in seglens), dtype=np.int64, count=b)
         seg = np.zeros((b, width), dtype=np.int64)
         idx_in_row = np.arange(len(flen)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
         seg[maskb] = np.repeat(idx_in_row + 1, flen)

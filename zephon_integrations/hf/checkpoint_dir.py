@@ -20,8 +20,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
+from zephon_core.checkpoint.trainer_files import HF_STATE_FILE
 
-STATE_FILE = "zephon_state.msgpack.zst"
+STATE_FILE = HF_STATE_FILE
 
 
 def step_dir(output_dir: str, global_step: int) -> str:

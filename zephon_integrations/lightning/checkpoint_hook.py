@@ -26,14 +26,18 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 
 from zephon_core import MissingCheckpointState
-from zephon_core.checkpoint.state import FORMAT
+from zephon_core.checkpoint.trainer_files import (
+    LIGHTNING_KEY,
+    legacy_lightning_state,
+    lightning_entry,
+)
 
 from .. import rng
 
 if TYPE_CHECKING:
     from .datamodule import ZephonDataModule
 
-CHECKPOINT_KEY = "zephon"
+CHECKPOINT_KEY = LIGHTNING_KEY
 
 
 class ZephonCheckpointHook(pl.Callback):
@@ -56,12 +60,12 @@ class ZephonCheckpointHook(pl.Callback):
         self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]
     ) -> None:
         dm = self.datamodule
-        entry = checkpoint.get(CHECKPOINT_KEY)
-        if isinstance(entry, dict) and "state" in entry:
+        entry = lightning_entry(checkpoint)
+        if entry is not None:
             dm.load_state_dict({dm.STATE_KEY: entry["state"]})
             dm._resume_rng(entry.get("rng"), trainer)
             return
-        legacy = _legacy_entry(checkpoint)
+        legacy = legacy_lightning_state(checkpoint)
         if legacy is not None:
             dm.load_state_dict({dm.STATE_KEY: legacy})
             return
@@ -75,18 +79,6 @@ class ZephonCheckpointHook(pl.Callback):
                 "ZephonDataModule, or pass ZephonDataModule(..., allow_fresh_start=True) to "
                 "start the data stream from its beginning on purpose"
             )
-
-
-def _legacy_entry(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """A ``{"zephon": <state>}`` datamodule entry under whatever class name wrote it."""
-    for value in checkpoint.values():
-        if (
-            isinstance(value, dict)
-            and isinstance(value.get("zephon"), dict)
-            and value["zephon"].get("format") == FORMAT
-        ):
-            return value["zephon"]
-    return None
 
 
 def _gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
