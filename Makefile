@@ -6,7 +6,12 @@ STAMP   := $(VENV)/.zephon-installed
 # The CPU build of torch lies on disk here; pinning it avoids a multi-GB CUDA download.
 TORCH   := torch==2.13.0
 
-.PHONY: test demo demo-kill demo-core demo-hf bench lint format clean
+# Mosaic streaming (compared against in benchmarks/bench_parquet.py) pins numpy and
+# transformers below ours: it lives in its own venv, run as a subprocess.
+MOSAIC_VENV := .venv-mosaic
+MOSAIC_PY   := $(MOSAIC_VENV)/bin/python
+
+.PHONY: test demo demo-kill demo-core demo-hf demo-s3 bench lint format clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -36,9 +41,17 @@ demo-hf: $(STAMP)
 	$(VPY) -m pip install -q -e ".[hf]" "$(TORCH)"
 	$(VPY) examples/hf_trainer_resume.py
 
-bench: $(STAMP)
+# a Lightning job over Parquet shards in a local S3-compatible server, stopped and resumed
+demo-s3: $(STAMP)
+	cd examples && ../$(VPY) parquet_s3_lightning.py
+
+$(MOSAIC_PY):
+	$(PY) -m venv $(MOSAIC_VENV)
+	$(MOSAIC_PY) -m pip install -q "mosaicml-streaming==0.13.0" "$(TORCH)" boto3
+
+bench: $(STAMP) $(MOSAIC_PY)
 	$(VPY) -m pip install -q -e ".[bench]" "$(TORCH)"
-	$(VPY) benchmarks/run_all.py
+	MOSAIC_PYTHON=$(MOSAIC_PY) $(VPY) benchmarks/run_all.py
 
 lint: $(STAMP)
 	$(VPY) -m pip install -q ruff
@@ -51,4 +64,4 @@ format: $(STAMP)
 	$(VPY) -m ruff check --fix zephon_core zephon_integrations tests examples benchmarks
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(MOSAIC_VENV)

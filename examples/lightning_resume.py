@@ -111,11 +111,14 @@ def fit(
     every: int | None = None,
     workers: int = 2,
     extra: list | None = None,
+    pipeline=None,
 ) -> tuple[TinyCausalLM, ZephonDataModule]:
+    """Train to ``max_steps`` (resuming ``resume`` if given) on ``pipeline()`` (default:
+    the embedded mixture tokenized with ``tok``)."""
     pl.seed_everything(1234, verbose=False)
     model = TinyCausalLM()
     dm = ZephonDataModule(
-        pipeline=lambda: build_pipeline(tok, SEQ_LEN, BATCH),
+        pipeline=pipeline or (lambda: build_pipeline(tok, SEQ_LEN, BATCH)),
         num_workers=workers,
         log_every_n_steps=0,
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
 import numpy as np
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
+from zephon_core.testing.s3 import s3_server  # noqa: F401
 
 TESTS = Path(__file__).resolve().parent
 
@@ -47,8 +47,10 @@ def source(
     num_epochs: int | None = None,
     weights=(0.7, 0.3),
     unit: str = "documents",
+    shuffle_block: int | None = None,
 ) -> StaticMixtureWorkSource:
-    """The test mixture; ``unit="tokens"`` leaves the lengths to the pipeline's estimate."""
+    """The test mixture; ``unit="tokens"`` leaves the lengths to the pipeline's estimate;
+    ``shuffle_block`` switches to the block shuffle."""
     return StaticMixtureWorkSource(
         {"prose": PROSE, "code": CODE},
         {"prose": weights[0], "code": weights[1]},
@@ -56,6 +58,8 @@ def source(
         seed=seed,
         num_epochs=num_epochs,
         weights_unit=unit,
+        shuffle_block=shuffle_block,
+        shuffle_window=2,
     )
 
 
@@ -159,33 +163,3 @@ def finite_pipeline(prefetch: int = 2) -> Pipeline:
         .map(byte_tokenize, name="tokenize")
         .split(max_len=256)
     )
-
-
-@contextlib.contextmanager
-def s3_server(bucket: str):
-    """A real S3-compatible server (moto's) on 127.0.0.1 holding an empty ``bucket``;
-    yields ``(endpoint_url, storage_options)`` for s3fs, as a user would pass them."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        import boto3
-
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        ).create_bucket(Bucket=bucket)
-        options = {
-            "key": "testing",
-            "secret": "testing",
-            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        }
-        yield endpoint, options
-    finally:
-        server.stop()

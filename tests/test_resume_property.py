@@ -1,7 +1,8 @@
 """Property tests: random valid operator chains resume bit-identically, and their output
 does not depend on the runtime knobs (parallelism, prefetch, queue_size).
 
-Sources weigh by documents or by tokens (lengths estimated by the pipeline). Chains
+Sources weigh by documents or by tokens (lengths estimated by the pipeline) and shuffle
+rows over the epoch or by blocks. Chains
 are random subsets and orders of map/filter/split/pack/shuffle/ensure_mixture
 (after fetch and a tokenizer) with an optional batch at the end. Validity: pack needs
 token fragments no longer than its seq_len, so a split always precedes a pack.
@@ -51,6 +52,7 @@ def configs(draw):
         chunk_size=draw(st.integers(1, 16)),
         lanes=draw(st.integers(1, 6)),
         unit=draw(st.sampled_from(["documents", "tokens"])),
+        block=draw(st.sampled_from([None, None, 3, 16])),
     )
 
 
@@ -69,7 +71,7 @@ def builder(cfg, rt):
 
     def build():
         pipe = Pipeline(
-            source(cfg["chunk_size"], unit=cfg["unit"]),
+            source(cfg["chunk_size"], unit=cfg["unit"], shuffle_block=cfg["block"]),
             canonical_replicas=cfg["lanes"],
             flush_every_k_chunks=None if monotone else cfg["k"],
             seed=29,

@@ -12,6 +12,7 @@ from helpers import byte_tokenize, s3_server
 from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
 from zephon_core.sources.parquet import parquet_component
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
+from zephon_core.testing.s3 import FaultProxy
 
 SHARDS = 4
 ROWS = [23, 17, 31, 9]  # rows per shard, in row groups of 5
@@ -157,73 +158,6 @@ def test_a_shard_rewritten_or_deleted_mid_run_is_a_typed_error(local):
 
 
 # -- faults of object storage: a proxy in front of the server --------------------------------
-
-
-class FaultProxy:
-    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a
-    Parquet object with 503 SlowDown (S3's throttling reply), as a busy bucket does.
-    (botocore and s3fs retry throttling themselves; the tests turn those retries down so
-    the component's own retries, for what outlasts them, are what is exercised.)"""
-
-    SLOWDOWN = (
-        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-        b"<Message>Please reduce your request rate.</Message></Error>"
-    )
-
-    def __init__(self, target: str, fail: int):
-        import http.client
-        import http.server
-        import threading
-        from urllib.parse import urlparse
-
-        up = urlparse(target)
-        proxy = self
-        self.fail, self.failed = fail, 0
-        self.lock = threading.Lock()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _forward(self) -> None:
-                body = None
-                if "Content-Length" in self.headers:
-                    body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.command == "GET" and self.path.split("?")[0].endswith(".parquet"):
-                    with proxy.lock:
-                        inject = proxy.failed < proxy.fail
-                        proxy.failed += inject
-                    if inject:
-                        self.send_response(503)
-                        self.send_header("Content-Type", "application/xml")
-                        self.send_header("Content-Length", str(len(proxy.SLOWDOWN)))
-                        self.end_headers()
-                        self.wfile.write(proxy.SLOWDOWN)
-                        return
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
-                conn.request(self.command, self.path, body, dict(self.headers))
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.thread.join()
 
 
 def _through(proxy: FaultProxy, options: dict):

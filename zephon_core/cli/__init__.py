@@ -5,6 +5,7 @@
 ``zephon explain M:F``    the plan of the pipeline ``F()`` in module ``M``, with a legend
 ``zephon verify M:F``     cut, restore and compare (``assert_resume_equivalent``)
 ``zephon bench M:F``      batches/s and tokens/s of your pipeline
+``zephon convert IN --out DIR``  JSONL(.zst) shards to Parquet shards
 
 ``M:F`` names a module (importable, or a ``.py`` path) and a zero-argument function in
 it that returns a ``Pipeline``. Built on ``click`` (install ``zephon[cli]``).

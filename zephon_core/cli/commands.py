@@ -225,3 +225,26 @@ def _tokens(out: Any) -> int:
         if ids is not None and hasattr(ids, "numel"):
             return int(ids.numel())
     return 0
+
+
+@cli.command(help="Convert JSONL(.zst/.gz) shards to Parquet shards (one each) under OUT.")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", "output", required=True, help="Output directory or URL prefix.")
+@click.option("--row-group-rows", type=int, default=1024, show_default=True)
+@click.option(
+    "--storage-options", default="{}", help="fsspec storage options as JSON (s3 endpoint, ...)."
+)
+def convert(
+    inputs: tuple[str, ...], output: str, row_group_rows: int, storage_options: str
+) -> None:
+    from ..sources.convert import jsonl_to_parquet
+
+    try:
+        options = json.loads(storage_options)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"--storage-options is not JSON: {e}") from e
+    try:
+        written = jsonl_to_parquet(list(inputs), output, row_group_rows, options, progress=None)
+    except ZephonError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"wrote {len(written)} Parquet shard(s) under {output}")

@@ -215,7 +215,13 @@ class PipelineRun:
             ops=tuple((st.records_in, st.records_out, st.seconds) for st in self.op_stats),
             pad_tokens=sum(op.pad_tokens for op in batches),
             total_tokens=sum(op.total_tokens for op in batches),
+            io=self.io_stats(),
         )
+
+    def io_stats(self) -> dict[str, dict[str, int]]:
+        """Reads, cache hits and retries of datasets that count them (this process)."""
+        io = getattr(self.plan.source, "io_stats", None)
+        return io() if callable(io) else {}
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
@@ -239,8 +245,7 @@ class PipelineRun:
             "operators": {op.name: st.as_dict() for op, st in zip(self.plan.ops, self.op_stats)},
             "mixture": mixture,
             "padding_ratio": pad / slots if slots else 0.0,
-            # reads, cache hits and retries of datasets that count them (this process)
-            "io": io() if callable(io := getattr(self.plan.source, "io_stats", None)) else {},
+            "io": self.io_stats(),
         }
 
     def close(self, join_timeout: float = 5.0) -> None:

@@ -38,19 +38,26 @@ SHIP_EVERY = 16
 
 
 class WorkerStats(NamedTuple):
-    """One worker's cumulative counters: per operator (in, out, busy seconds), padding."""
+    """One worker's cumulative counters: per operator (in, out, busy seconds), padding,
+    and the reads of datasets that count them (``{dataset: {counter: n}}``)."""
 
     worker: int  # the worker's first lane: a key unique within a rank
     ops: tuple[tuple[int, int, float], ...]
     pad_tokens: int
     total_tokens: int
+    io: dict[str, dict[str, int]] = {}  # shared default, never mutated
 
 
 def sum_worker_stats(names: list[str], workers: list[WorkerStats]) -> dict:
-    """Per-operator counters (``OpStats.as_dict``) and padding summed over workers."""
+    """Per-operator counters (``OpStats.as_dict``), padding and io summed over workers."""
     totals = [OpStats() for _ in names]
     pad = slots = 0
+    io: dict[str, dict[str, int]] = {}
     for w in workers:
+        for name, counters in w.io.items():
+            mine = io.setdefault(name, {})
+            for k, v in counters.items():
+                mine[k] = mine.get(k, 0) + v
         for st, (i, o, sec) in zip(totals, w.ops):
             st.add(OpStats(i, o, sec))
         pad += w.pad_tokens
@@ -58,4 +65,5 @@ def sum_worker_stats(names: list[str], workers: list[WorkerStats]) -> dict:
     return {
         "operators": {n: st.as_dict() for n, st in zip(names, totals)},
         "padding_ratio": pad / slots if slots else 0.0,
+        "io": io,
     }

@@ -26,26 +26,18 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, PipelineError, SourceChanged
+from ..validate import int_arg
+from .loading_lru import LoadingLRU
+from .parquet_index import Shard, build_index, list_shards
 
 __all__ = ["ParquetComponent", "parquet_component"]
-
-
-@dataclass(frozen=True)
-class _Shard:
-    path: str
-    size: int
-    version: str  # ETag, else modification time: what changes when the file is rewritten
-    row_groups: tuple[int, ...]  # rows per row group
 
 
 def parquet_component(
@@ -53,9 +45,21 @@ def parquet_component(
     columns: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_bytes: int = 256 << 20,
+    index_path: str | None = None,
+    disk_cache: str | None = None,
+    progress: bool | None = None,
 ) -> ParquetComponent:
     """A component over Parquet shards: a glob (``s3://bucket/prefix/*.parquet``), a
     directory (every ``*.parquet`` below it) or a list of files, read through fsspec.
+
+    Args:
+        cache_bytes: decoded row groups kept in memory (per process).
+        index_path: where to save the index (a local path or a URL, e.g. next to the
+            data); reused while the shards it lists are unchanged (``parquet_index.py``).
+        disk_cache: a local directory for the bytes read (fsspec's block cache): a
+            second epoch or a restarted job reads them from disk, not the endpoint.
+        progress: a progress bar while footers are read (default: on a terminal, from
+            16 shards).
 
     Raises:
         ConfigError: no shard found, a shard is not Parquet, or a column is missing.
@@ -65,22 +69,17 @@ def parquet_component(
     urls = [urls] if isinstance(urls, str) else list(urls)
     if not urls:
         raise ConfigError("parquet_component: give a path, a glob or a list of files")
-    fs, _, _ = fsspec.core.get_fs_token_paths(urls[0], storage_options=storage_options or {})
-    paths: list[str] = []
-    for url in urls:
-        stripped = fs._strip_protocol(url)
-        if any(ch in stripped for ch in "*?["):
-            paths += fs.glob(stripped)
-        elif fs.isdir(stripped):
-            paths += [p for p in fs.find(stripped) if p.endswith(".parquet")]
-        else:
-            paths.append(stripped)
-    paths = sorted(set(paths))
-    if not paths:
+    options = dict(storage_options or {})
+    fs, _, _ = fsspec.core.get_fs_token_paths(urls[0], storage_options=options)
+    listed = list_shards(fs, urls)
+    if not listed:
         raise ConfigError(f"parquet_component: no Parquet files match {urls!r}")
-    return ParquetComponent(fs, paths, columns, cache_bytes)
+    shards, footers = build_index(fs, listed, index_path, options, progress)
+    return ParquetComponent(fs, shards, columns, cache_bytes, disk_cache, footers)
 
 
+#: footers kept per process (string statistics can make them 100s of KB per shard)
+FOOTER_BYTES = 64 << 20
 #: attempts per row-group read, and the backoff between them (doubling, capped)
 ATTEMPTS = 6
 BACKOFF_S, MAX_BACKOFF_S = 0.05, 5.0
@@ -116,12 +115,27 @@ class ParquetComponent:
     """
 
     def __init__(
-        self, fs: Any, paths: Sequence[str], columns: Sequence[str] | None, cache_bytes: int
+        self,
+        fs: Any,
+        shards: Sequence[Shard],
+        columns: Sequence[str] | None,
+        cache_bytes: int,
+        disk_cache: str | None = None,
+        footers: dict[str, Any] | None = None,
     ):
-        self.fs = fs
+        self.target = fs  # the data's filesystem; reads may go through a disk cache
+        self.disk_cache = disk_cache
         self.columns = list(columns) if columns is not None else None
-        self.cache_bytes = int(cache_bytes)
-        self.shards = tuple(self._index(p) for p in paths)
+        self.cache_bytes = int_arg("cache_bytes", cache_bytes, minimum=1, where="parquet_component")
+        self.shards = tuple(shards)
+        for shard in self.shards:
+            missing = [c for c in self.columns or () if shard.columns and c not in shard.columns]
+            if missing:
+                raise ConfigError(
+                    f"parquet_component: {shard.path} has no columns {missing} (it has "
+                    f"{list(shard.columns)})"
+                )
+        self.fs = self._reader_fs()
         # global row-group table: starting row, shard, row group within the shard
         starts, where = [0], []
         for s, shard in enumerate(self.shards):
@@ -130,13 +144,14 @@ class ParquetComponent:
                 starts.append(starts[-1] + n)
         self._starts = np.asarray(starts, dtype=np.int64)
         self._where = where
-        self._setup_cache()
+        self._setup_cache(footers)
 
-    def _setup_cache(self) -> None:
-        self._cache: OrderedDict[int, Any] = OrderedDict()  # row group -> pyarrow Table
-        self._cached = 0
-        self._lock = threading.Lock()
-        self._meta: dict[int, Any] = {}
+    def _setup_cache(self, footers: dict[str, Any] | None = None) -> None:
+        self._cache = LoadingLRU(self.cache_bytes, lambda table: table.nbytes)  # row groups
+        self._meta = LoadingLRU(FOOTER_BYTES, lambda md: md.serialized_size)  # per shard
+        for s, shard in enumerate(self.shards):
+            if shard.path in (footers or {}):  # read by the index in this process
+                self._meta.get(s, lambda md=footers[shard.path]: md)
         self._pid = os.getpid()
         self._io = {"row_group_reads": 0, "cache_hits": 0, "retries": 0}
 
@@ -144,40 +159,33 @@ class ParquetComponent:
         """Row groups read, cache hits and retried reads, in this process."""
         return dict(self._io)
 
+    def _reader_fs(self) -> Any:
+        if self.disk_cache is None:
+            return self.target
+        import fsspec
+
+        # check_files: a shard rewritten in storage is not served from stale blocks
+        return fsspec.filesystem(
+            "blockcache", fs=self.target, cache_storage=self.disk_cache, check_files=True
+        )
+
     def _filesystem(self) -> Any:
         """The filesystem of this process: a forked DataLoader worker builds its own
         (s3fs and gcsfs clients are not fork-safe), from the same storage options."""
         if os.getpid() != self._pid:
-            self.fs = type(self.fs)(**self.fs.storage_options)
+            self.target = type(self.target)(**self.target.storage_options)
+            self.fs = self._reader_fs()
             self._setup_cache()
         return self.fs
-
-    def _index(self, path: str) -> _Shard:
-        import pyarrow.parquet as pq
-
-        info = self.fs.info(path)
-        version = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
-        try:
-            with self.fs.open(path, "rb") as fh:
-                md = pq.ParquetFile(fh).metadata
-                schema = md.schema.to_arrow_schema()
-        except Exception as e:  # noqa: BLE001 - named
-            raise ConfigError(
-                f"parquet_component: {path} is not a readable Parquet file: {e}"
-            ) from e
-        if self.columns is not None:
-            missing = [c for c in self.columns if c not in schema.names]
-            if missing:
-                raise ConfigError(
-                    f"parquet_component: {path} has no columns {missing} (it has {schema.names})"
-                )
-        groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        return _Shard(path, int(info.get("size") or 0), version, groups)
 
     # -- the component protocol -----------------------------------------------------------
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def block_bounds(self) -> np.ndarray:
+        """Row offsets of the row groups (the blocks of ``shuffle_block="row_group"``)."""
+        return self._starts.copy()
 
     def zephon_fingerprint(self) -> str:
         """Paths, sizes, versions and row counts of every shard, and the columns read."""
@@ -207,20 +215,9 @@ class ParquetComponent:
 
     def _row_group(self, g: int) -> Any:
         self._filesystem()  # after a fork: this process's own client and cache
-        with self._lock:
-            table = self._cache.get(g)
-            if table is not None:
-                self._cache.move_to_end(g)
-                self._io["cache_hits"] += 1
-                return table
-        table = self._read_retrying(g)
-        with self._lock:
-            if g not in self._cache:
-                self._cache[g] = table
-                self._cached += table.nbytes
-                while self._cached > self.cache_bytes and len(self._cache) > 1:
-                    _, old = self._cache.popitem(last=False)
-                    self._cached -= old.nbytes
+        table, hit = self._cache.get(g, lambda: self._read_retrying(g))
+        if hit:
+            self._io["cache_hits"] += 1
         return table
 
     def _read_retrying(self, g: int) -> Any:
@@ -246,7 +243,10 @@ class ParquetComponent:
         shard = self.shards[s]
         fs = self._filesystem()
         try:
-            with fs.open(shard.path, "rb") as fh:
+            # no read-ahead: s3fs would fetch its block size (50 MB) beyond every read
+            # (the disk cache reads whole blocks, its own way)
+            kw = {} if self.disk_cache else {"cache_type": "none"}
+            with fs.open(shard.path, "rb", **kw) as fh:
                 size = getattr(fh, "size", None)  # known from the open, no extra request
                 if size is not None and shard.size and size != shard.size:
                     raise SourceChanged(
@@ -255,9 +255,8 @@ class ParquetComponent:
                         "(a checkpoint of this one would not restore over the new file)",
                         operator="fetch",
                     )
-                pf = pq.ParquetFile(fh, metadata=self._meta.get(s))
-                self._meta.setdefault(s, pf.metadata)
-                return pf.read_row_group(rg, columns=self.columns)
+                md, _ = self._meta.get(s, lambda: pq.ParquetFile(fh).metadata)
+                return pq.ParquetFile(fh, metadata=md).read_row_group(rg, columns=self.columns)
         except SourceChanged:
             raise
         except FileNotFoundError as e:
@@ -278,7 +277,7 @@ class ParquetComponent:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_cache", "_cached", "_lock", "_meta", "_pid", "_io"):
+        for k in ("_cache", "_meta", "_pid", "_io"):
             state.pop(k, None)
         return state
 

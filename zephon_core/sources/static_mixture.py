@@ -41,6 +41,7 @@ from ..errors import ConfigError, CorruptCheckpoint, PipelineError
 from ..rng import derive_seed
 from ..validate import bool_arg, int_arg, weight_vector
 from ..validate import is_int as _is_int
+from .block_shuffle import BlockShuffle, block_bounds
 from .chunk import WorkChunk
 from .deficit import TokenDeficit
 from .lengths import ComponentLengths, lengths_digest, resolve_lengths
@@ -110,6 +111,12 @@ class StaticMixtureWorkSource:
         when_exhausted: a capped dataset at its cap ``"drop"`` s out of the mixture
             (the others continue; lanes end when every weighted dataset is capped and
             done) or ``"end"`` s the lane.
+        shuffle_block: ``None`` (shuffle rows over the whole epoch), rows per block, or
+            ``"row_group"`` (the dataset's own blocks, e.g. Parquet row groups): the
+            epoch's blocks are permuted, each lane reads a contiguous run of them, and
+            rows are shuffled within windows of ``shuffle_window`` blocks, so each block
+            is read about once per epoch (``block_shuffle.py``).
+        shuffle_window: blocks shuffled together per lane (with ``shuffle_block``).
 
     Raises:
         ConfigError: on any invalid argument; the message names the dataset and the fix.
@@ -126,6 +133,8 @@ class StaticMixtureWorkSource:
         weights_unit: str = "documents",
         lengths: Any = None,
         when_exhausted: str = "drop",
+        shuffle_block: int | str | None = None,
+        shuffle_window: int = 4,
     ) -> None:
         if isinstance(datasets, Mapping):
             bad = [k for k in datasets if not isinstance(k, str)]
@@ -189,6 +198,27 @@ class StaticMixtureWorkSource:
         )
         self.needs_tokens = needs_tokens
         self._getitems = [getattr(d, "__getitems__", None) for d in dss]
+        self.shuffle_block, self.shuffle_window, self.block_bounds = self._blocks(
+            shuffle_block, shuffle_window
+        )
+
+    def _blocks(self, block: Any, window: Any) -> tuple[Any, int, tuple[np.ndarray, ...] | None]:
+        where = "StaticMixtureWorkSource"
+        window = int_arg("shuffle_window", window, minimum=1, where=where)
+        if block is None:
+            return None, window, None
+        if block != "row_group":
+            block = int_arg("shuffle_block", block, minimum=1, where=where)
+        if not self.shuffle:
+            raise ConfigError(
+                f"{where}(shuffle=False, shuffle_block={block!r}): a block shuffle needs "
+                "shuffle=True; drop shuffle_block to read rows in order"
+            )
+        bounds = tuple(
+            block_bounds(ds, n, block, name)
+            for name, ds, n in zip(self.component_names, self._datasets, self.lengths, strict=True)
+        )
+        return block, window, bounds
 
     def weights_at(self, tokens: float = 0, documents: float = 0) -> tuple[float, ...]:
         """The normalized weights in force at a global position (read off the schedule,
@@ -348,6 +378,9 @@ class StaticMixtureWorkSource:
             out["schedule"] = self.schedule.describe(self.component_names)
         if self.when_exhausted != "drop":
             out["when_exhausted"] = self.when_exhausted
+        if self.shuffle_block is not None:
+            out["shuffle_block"] = self.shuffle_block
+            out["shuffle_window"] = self.shuffle_window
         if self.needs_tokens:
             out["token_lengths"] = [
                 None if ln is None else lengths_digest(ln) for ln in self.token_lengths
@@ -454,6 +487,17 @@ class StaticMixtureLane:
         self._buf: list[np.ndarray | None] = [None] * n_ds
         self._buf_start = [0] * n_ds
         self._perm: list[tuple[int, KeyedPermutation] | None] = [None] * n_ds
+        bounds = source.block_bounds
+        self._blocks = (
+            None
+            if bounds is None
+            else [
+                BlockShuffle(
+                    b, source.shuffle_window, num_lanes, derive_seed(source.seed, d, "blocks")
+                )
+                for d, b in enumerate(bounds)
+            ]
+        )
 
     def _all_drained(self, cursors: Sequence[int] | None = None) -> bool:
         cursors = self._cursors if cursors is None else cursors
@@ -486,6 +530,9 @@ class StaticMixtureLane:
         cuts = [0, *(np.flatnonzero(np.diff(epochs)) + 1).tolist(), size]
         out = np.empty(size, dtype=np.int64)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            if self._blocks is not None:
+                out[a:b] = self._blocks[d].map_array(local[a:b], int(epochs[a]))
+                continue
             perm = self._permutation(d, int(epochs[a]))
             if b - a < _SCALAR_SEGMENT:
                 out[a:b] = [perm(int(i)) for i in local[a:b]]
