@@ -18,7 +18,8 @@ counted by a proxy in front of the server (``zephon_core.testing.s3.FaultProxy``
    row-level shuffle (5 % of an epoch, extrapolated: it reads a row group per row);
 2. RSS of the reading process (a subprocess), ``cache_bytes`` 16 MB and 64 MB: after
    imports, after building the pipeline, after warm-up (10 %), peak, the Arrow pool at
-   the end, first vs last quarter of the epoch (growth would be a leak);
+   the end, first vs last quarter of the epoch (growth beyond the cache filling up
+   would be a leak);
 3. rows/s of one cold epoch, straight to the server: Zephon with ``fetch(parallelism=4)``
    (reads up to 4 chunks ahead on threads) and ``parallelism=1`` (no read-ahead: what
    the fetch stage's read-ahead buys), vs Mosaic ``StreamingDataset`` (py1e shuffle at
@@ -730,9 +731,9 @@ def report(r: dict) -> None:
     for x in r["restore"]:
         log(
             f"   at {x['at']:3.0%}: {x['first_record_ms']:6.1f} ms, {x['gets']:3d} GETs, "
-            f"{x['bytes'] / 2**20:.2f} MB, {x['row_groups_read']} row groups read (within "
-            f"the {x['inflight_row_groups']} of the {x['inflight_chunks']} inflight chunks: "
-            f"{x['read_within_inflight']}); index {x['index_gets']} GETs "
+            f"{x['bytes'] / 2**20:.2f} MB, {x['row_groups_read']} row groups read (inflight: "
+            f"{x['inflight_chunks']} chunks in {x['inflight_row_groups']} row groups; only "
+            f"those read: {x['read_within_inflight']}); index {x['index_gets']} GETs "
             f"{x['index_bytes'] / 2**20:.2f} MB {x['index_ms']:.0f} ms"
         )
     q = r["shuffle_quality"]

@@ -173,7 +173,7 @@ def test_a_lane_restores_from_its_state_in_o1(lanes, cut, block):
 
 
 def test_config_errors_name_the_fix():
-    with pytest.raises(ConfigError, match="no row groups"):
+    with pytest.raises(ConfigError, match="no dataset has row groups"):
         StaticMixtureWorkSource({"a": list(range(9))}, shuffle_block="row_group")
     with pytest.raises(ConfigError, match="needs shuffle=True"):
         StaticMixtureWorkSource({"a": list(range(9))}, shuffle=False, shuffle_block=3)

@@ -10,11 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import byte_tokenize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_core import ConfigError, Pipeline, StaticMixtureWorkSource
 from zephon_core.sources import parquet_index
 from zephon_core.sources.parquet import parquet_component
-from zephon_core.testing import assert_streams_equal, take
+from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 from zephon_core.testing.s3 import FaultProxy, s3_server
 
 
@@ -152,3 +154,55 @@ def test_s3_index_next_to_the_data_and_a_disk_cache(tmp_path):
             proxy.close()
     assert_streams_equal(first, again, "disk-cached vs first read")
     assert cold > 0 and warm < cold / 10  # only the shards' HEADs go out again
+
+
+# -- exact resume on this source at random cuts ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    for s in range(5):
+        _write(open, str(root / f"part-{s:03d}.parquet"), _rows(s, n=23 + 9 * s))
+    return root
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(
+    cuts=st.lists(st.integers(0, 60), min_size=1, max_size=3, unique=True),
+    lanes=st.integers(1, 5),
+    window=st.integers(1, 4),
+    cache=st.sampled_from([1, 1 << 20]),
+)
+def test_random_cuts_resume_exactly_on_parquet_blocks(corpus, cuts, lanes, window, cache):
+    def build():
+        comp = parquet_component(str(corpus), columns=["text"], cache_bytes=cache)
+        src = StaticMixtureWorkSource(
+            {"docs": comp, "more": list(_rows(9, n=30))},
+            chunk_size=4,
+            seed=8,
+            shuffle_block="row_group",
+            shuffle_window=window,
+        )
+        return (
+            Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, seed=1)
+            .fetch()
+            .map(byte_tokenize, name="tok")
+            .split(max_len=64)
+            .shuffle(buffer_size=4)
+            .pack(seq_len=64, bins=2)
+            .batch(batch_size=2)
+        )
+
+    assert_resume_equivalent(build, sorted(cuts), total=70)
+
+
+def test_parquet_blocks_resume_across_topologies(corpus):
+    def build():
+        comp = parquet_component(str(corpus), columns=["text"])
+        return _pipe(comp)
+
+    assert_resume_equivalent(
+        build, [0, 10, 22], total=30, dp_size=2, num_workers=1, resume_dp_size=1,
+        resume_num_workers=2,
+    )  # fmt: skip

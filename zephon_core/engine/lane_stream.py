@@ -75,9 +75,12 @@ class LaneStream:
         pool: Executor | None,
         procs: StagePool | None,
         stats: list[OpStats],
+        compact_outputs: bool = False,
     ):
         self.plan = plan
         self.lane = lane
+        #: a trailing batch emits TokenBatch (built by a consumer in another process)
+        self.compact_outputs = compact_outputs
         self.pool = pool
         self.procs = procs  # None: processes stages run on the thread pool
         self.stats = stats  # the run's counters, one per operator of the plan
@@ -118,6 +121,8 @@ class LaneStream:
         ``segment_start`` (after a re-mix, segments that started before it keep the
         old mixture targets, see ``checkpoint/remix.py``)."""
         op = self.plan.ops[i].for_lane(self.lane)
+        if self.compact_outputs and i == len(self.plan.ops) - 1 and hasattr(op, "compact"):
+            op.compact = True  # the consumer builds the batch's tensors (token_batch.py)
         prior = self.prior
         if prior is not None and segment_start < prior[0] and op.reads_source_weights:
             op.set_targets(prior[1])

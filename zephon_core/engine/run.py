@@ -55,6 +55,7 @@ class PipelineRun:
         restored: PipelineState | None,
         topology: Topology,
         emit_skips: bool = False,
+        compact_batches: bool = False,
     ):
         self.plan = plan
         self.topology = topology
@@ -85,6 +86,7 @@ class PipelineRun:
                 self.pool,
                 self.procs,
                 self.op_stats,
+                compact_batches,
             )
             for lane in self.order
         }

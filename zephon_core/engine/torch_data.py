@@ -31,6 +31,7 @@ from ..checkpoint.state import LaneDelta, LaneState, PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
+from ..ops.token_batch import TokenBatch
 from ..validate import int_arg
 from .handle import StreamHandle, _failed_earlier
 from .mixture_report import mixture_report
@@ -58,7 +59,11 @@ class ZephonIterableDataset(IterableDataset):
                 topo.rank, topo.world_size, topo.dp_rank, topo.dp_size, info.id, info.num_workers
             )
         # every run gives its lanes fresh operators: nothing carries over from the last one
-        run = PipelineRun(self.pipeline.compile(), self.restore, topo, emit_skips=True)
+        # a worker ships batches as TokenBatch: the training process builds the tensors
+        run = PipelineRun(
+            self.pipeline.compile(), self.restore, topo, emit_skips=True,
+            compact_batches=info is not None,
+        )  # fmt: skip
         wire = _to_wire if info is not None else _identity
         try:
             for payload in run:
@@ -368,9 +373,12 @@ def _to_wire(payload: Any) -> Any:
 
 
 def _from_wire(payload: Any, pin: bool) -> Any:
-    if isinstance(payload, _Wire):
-        out = {k: torch.from_numpy(v) for k, v in payload.items()}
+    if isinstance(payload, (_Wire, TokenBatch)):
+        if isinstance(payload, TokenBatch):
+            out = payload.build()
+        else:
+            out = {k: torch.from_numpy(v) for k, v in payload.items()}
         if pin and torch.cuda.is_available():
-            out = {k: v.pin_memory() for k, v in out.items()}
+            out = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in out.items()}
         return out
     return payload

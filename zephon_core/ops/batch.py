@@ -19,7 +19,6 @@ import copy
 import dataclasses
 
 import numpy as np
-import torch
 from torch.utils.data import default_collate
 
 from ..checkpoint.value_digest import Deferred
@@ -28,7 +27,8 @@ from ..records import Record
 from ..validate import bool_arg, int_arg
 from .base import OpContext, Operator, OpTraits, check_tokens
 from .pack import PackOp
-from .packed_batch import ATTENTION_MODES, MASK_DTYPES, packed_fields
+from .packed_batch import ATTENTION_MODES, MASK_DTYPES
+from .token_batch import TokenBatch, wire_dtype
 
 
 class BatchOp(Operator):
@@ -68,6 +68,8 @@ class BatchOp(Operator):
         self.key = key
         self.name = name
         self._buf: list[Record] = []
+        #: emit a TokenBatch (tensors built by the consumer); set on a worker's last op
+        self.compact = False
         # counters of this lane's instance (the instance lives for the whole run)
         self.rows = self.pad_tokens = self.total_tokens = 0
 
@@ -149,30 +151,31 @@ class BatchOp(Operator):
             )
         b = len(seqs)
         lens = np.asarray(lengths, dtype=np.int64)
-        # one vectorized scatter for the whole batch: each row's tokens are a prefix
-        maskb = np.arange(width)[None, :] < lens[:, None]
-        ids = np.full((b, width), self.pad_id, dtype=np.int64)
         try:
             joined = np.concatenate(seqs) if b > 1 else np.asarray(seqs[0])
         except ValueError:  # arrays of different dimensions
             joined = np.zeros((0, 0))
         if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
             check_tokens(self, records, key, joined)
+        # one vectorized scatter for the whole batch: each row's tokens are a prefix
+        maskb = np.arange(width)[None, :] < lens[:, None]
+        ids = np.full((b, width), self.pad_id, dtype=wire_dtype(joined, self.pad_id))
         ids[maskb] = joined
         n_tokens = sum(lengths)
         self.rows += b
         self.total_tokens += b * width
         self.pad_tokens += b * width - n_tokens
-        if "segment_lengths" in payloads[0]:
-            seglens = [p["segment_lengths"] for p in payloads]
-            return packed_fields(
-                ids, maskb, seglens, self.attention, self.mask_dtype, self.flash_kwargs
-            )
-        return {
-            "input_ids": torch.from_numpy(ids),
-            "labels": torch.from_numpy(np.where(maskb, ids, -100)),
-            "attention_mask": torch.from_numpy(maskb.astype(np.int64)),
-        }
+        packed = "segment_lengths" in payloads[0]
+        tb = TokenBatch(
+            ids,
+            lens,
+            [p["segment_lengths"] for p in payloads] if packed else None,
+            self.attention,
+            self.mask_dtype,
+            self.flash_kwargs,
+        )
+        # in a DataLoader worker the training process builds the tensors (token_batch.py)
+        return tb if self.compact else tb.build()
 
     def describe(self) -> dict:
         return {

@@ -50,20 +50,18 @@ _KEEP_EPOCHS = 2  # a chunk may straddle one epoch boundary
 _KEEP_WINDOWS = 8
 
 
-def block_bounds(dataset: Any, n: int, block: int | str, name: str) -> np.ndarray:
+def block_bounds(dataset: Any, n: int, block: int | str, name: str) -> np.ndarray | None:
     """Row offsets of the blocks of ``dataset`` (``n`` rows): multiples of an int
-    ``block``, or the dataset's own ``block_bounds()`` for ``"row_group"``.
+    ``block``, or the dataset's own ``block_bounds()`` for ``"row_group"`` (``None`` for a
+    dataset without row groups: in memory, a row-level shuffle costs nothing extra).
 
     Raises:
-        ConfigError: ``"row_group"`` on a dataset without row groups, or bad bounds.
+        ConfigError: bad bounds.
     """
     if block == "row_group":
         fn = getattr(dataset, "block_bounds", None)
         if not callable(fn):
-            raise ConfigError(
-                f"shuffle_block='row_group': dataset {name!r} ({type(dataset).__name__}) has "
-                "no row groups (no block_bounds()); give shuffle_block=<rows per block>"
-            )
+            return None
         bounds = np.asarray(fn(), dtype=np.int64)
         if (
             bounds.ndim != 1

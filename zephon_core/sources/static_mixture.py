@@ -112,7 +112,8 @@ class StaticMixtureWorkSource:
             (the others continue; lanes end when every weighted dataset is capped and
             done) or ``"end"`` s the lane.
         shuffle_block: ``None`` (shuffle rows over the whole epoch), rows per block, or
-            ``"row_group"`` (the dataset's own blocks, e.g. Parquet row groups): the
+            ``"row_group"`` (the dataset's own blocks, e.g. Parquet row groups; datasets
+            without row groups keep the row-level shuffle): the
             epoch's blocks are permuted, each lane reads a contiguous run of them, and
             rows are shuffled within windows of ``shuffle_window`` blocks, so each block
             is read about once per epoch (``block_shuffle.py``).
@@ -202,7 +203,9 @@ class StaticMixtureWorkSource:
             shuffle_block, shuffle_window
         )
 
-    def _blocks(self, block: Any, window: Any) -> tuple[Any, int, tuple[np.ndarray, ...] | None]:
+    def _blocks(
+        self, block: Any, window: Any
+    ) -> tuple[Any, int, tuple[np.ndarray | None, ...] | None]:
         where = "StaticMixtureWorkSource"
         window = int_arg("shuffle_window", window, minimum=1, where=where)
         if block is None:
@@ -218,6 +221,11 @@ class StaticMixtureWorkSource:
             block_bounds(ds, n, block, name)
             for name, ds, n in zip(self.component_names, self._datasets, self.lengths, strict=True)
         )
+        if all(b is None for b in bounds):
+            raise ConfigError(
+                f"{where}(shuffle_block='row_group'): no dataset has row groups (no "
+                "block_bounds(), e.g. parquet_component); give shuffle_block=<rows per block>"
+            )
         return block, window, bounds
 
     def weights_at(self, tokens: float = 0, documents: float = 0) -> tuple[float, ...]:
@@ -488,16 +496,15 @@ class StaticMixtureLane:
         self._buf_start = [0] * n_ds
         self._perm: list[tuple[int, KeyedPermutation] | None] = [None] * n_ds
         bounds = source.block_bounds
-        self._blocks = (
+        # per dataset: a block shuffle, or None for the row-level permutation
+        self._blocks = [
             None
-            if bounds is None
-            else [
-                BlockShuffle(
-                    b, source.shuffle_window, num_lanes, derive_seed(source.seed, d, "blocks")
-                )
-                for d, b in enumerate(bounds)
-            ]
-        )
+            if bounds is None or b is None
+            else BlockShuffle(
+                b, source.shuffle_window, num_lanes, derive_seed(source.seed, d, "blocks")
+            )
+            for d, b in enumerate(bounds or [None] * n_ds)
+        ]
 
     def _all_drained(self, cursors: Sequence[int] | None = None) -> bool:
         cursors = self._cursors if cursors is None else cursors
@@ -530,7 +537,7 @@ class StaticMixtureLane:
         cuts = [0, *(np.flatnonzero(np.diff(epochs)) + 1).tolist(), size]
         out = np.empty(size, dtype=np.int64)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-            if self._blocks is not None:
+            if self._blocks[d] is not None:
                 out[a:b] = self._blocks[d].map_array(local[a:b], int(epochs[a]))
                 continue
             perm = self._permutation(d, int(epochs[a]))
