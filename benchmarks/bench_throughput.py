@@ -27,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -47,19 +48,17 @@ RESTORE_AT = (20, 100, 300)
 
 # -- the tokenizer and the lookup that replaces it ---------------------------------------
 def train_tokenizer(vocab_size: int = VOCAB) -> str:
-    """A byte-level BPE trained on the embedded corpus, as its JSON (examples/embedded.py)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE trained on the embedded corpus (the examples' own), as its JSON."""
+    import tempfile
+    from pathlib import Path
 
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([d["text"] for d in _all_docs()], trainer=trainer)
-    return tok.to_str()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from embedded import train_tokenizer as train
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "tokenizer.json"
+        train(path, vocab_size)
+        return path.read_text()
 
 
 class BpeTokenize:
@@ -340,7 +339,6 @@ class _WireProbe(IterableDataset):
                     "array_bytes": sum(b for _, b in arrays.values()),
                     "arrays": arrays,
                     "wire_type": type(wire).__name__,
-                    "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
                 }
                 if i == self.n // 2:  # mid-run: the pipeline's threads are all up
                     out["threads"] = _threads()
@@ -372,20 +370,22 @@ def bench_wire(fn: Callable, n: int = 40) -> dict[str, Any]:
         "consumer_tensors": {k: {"dtype": d, "bytes": b} for k, (d, b) in tensors.items()},
         "consumer_tensor_bytes": sum(b for _, b in tensors.values()),
         "worker_threads": next(x["threads"] for x in items if "threads" in x),
-        "worker_tokenizers_parallelism": items[0]["tokenizers_parallelism"],
     }
 
 
 def bench_restore(
-    fn: Callable,
-    steady_ms: float,
-    mean_len: dict[str, float],
-    doc_tokens: Callable[[int, int], int],
-    repeats: int = 3,
+    fn: Callable, steady_ms: float, mean_len: dict[str, float], repeats: int = 3
 ) -> dict[str, Any]:
     """Checkpoints at RESTORE_AT, each restored into a freshly built pipeline (compile and
     admission included, the tokenizer already loaded) and timed to its first batch. The
-    same run gives Zephon's padding and documents per batch, and its threads."""
+    same run gives Zephon's padding and documents per batch, and its threads.
+
+    Replay depth, in batches' worth of work at steady state: the replayed chunks'
+    documents over documents per batch (all lanes' chunks, as the state holds them), and
+    the documents actually tokenized before the first batch (a run without the pump thread,
+    which stops at that batch), over documents per batch. The second also counts the new
+    chunks a lane must read to reach its next flush, which releases the shuffle buffer.
+    """
     states, threads = {}, None
     with zephon_pipeline(fn).iterate() as it:
         for i, _ in enumerate(itertools.islice(it, max(RESTORE_AT)), 1):
@@ -394,56 +394,49 @@ def bench_restore(
             if i == RESTORE_AT[0]:
                 threads = _threads()
         shape = _zephon_shape(it.stats(), mean_len)
-    docs_per_batch = shape["documents_per_batch"]
-    cold = min(_first_batch(fn, None)[0] for _ in range(repeats))
-    out: dict[str, Any] = {
-        "cold_start_first_batch_ms": round(cold, 1),
-        "threads": threads,
-        "shape": shape,
-    }
-    for at, state in states.items():
+    per_batch = shape["documents_per_batch"]
+    out: dict[str, Any] = {"threads": threads, "shape": shape}
+    for at, state in ((0, None), *states.items()):
         runs = [_first_batch(fn, state) for _ in range(repeats)]
         ms, replayed = min(r[0] for r in runs), runs[0][1]
-        # the first batch comes from lane position % C: only its replay is on the way
-        first = state["lanes"][state["position"] % LANES]["chunks"]
-        # replay depth in batches' worth of work: documents in the replayed chunks over
-        # documents per batch (as asked), and their actual tokens over real tokens per batch
-        depth_all = replayed * CHUNK / docs_per_batch
-        depth_first = len(first) * CHUNK / docs_per_batch
-        tokens_first = sum(
-            doc_tokens(c, r) for _, _, comps, rows in first for c, r in zip(comps, rows)
-        )
-        depth_first_tok = tokens_first / shape["real_tokens_per_batch"]
-        out[f"at_{at}"] = {
-            "restore_to_first_batch_ms": round(ms, 1),
-            "restore_ms_all_repeats": [round(r[0], 1) for r in runs],
-            "chunks_replayed_all_lanes": replayed,
-            "chunks_inflight_first_lane": len(first),
-            "replay_depth_batches_all_lanes": round(depth_all, 1),
-            "replay_depth_batches_first_lane": round(depth_first, 1),
-            "replay_depth_batches_first_lane_by_tokens": round(depth_first_tok, 1),
-            "ratio_vs_steady_x_depth_all_lanes": round(ms / (steady_ms * depth_all), 2),
-            "ratio_vs_steady_x_depth_first_lane": round(ms / (steady_ms * depth_first), 2),
-            "ratio_vs_steady_x_depth_first_lane_by_tokens": round(
-                ms / (steady_ms * depth_first_tok), 2
-            ),
-            "ratio_vs_cold_start": round(ms / cold, 2),
+        bare_ms, _, docs = _first_batch(fn, state, prefetch=0)
+        row = {
+            "first_batch_ms": round(ms, 1),
+            "first_batch_ms_repeats": [round(r[0], 1) for r in runs],
+            "first_batch_ms_no_pump": round(bare_ms, 1),
+            "documents_tokenized_to_first_batch": docs,
+            "work_depth_batches": round(docs / per_batch, 1),
+            "ratio_vs_steady_x_work_depth": round(ms / (steady_ms * docs / per_batch), 2),
         }
+        if state is not None:
+            depth = replayed * CHUNK / per_batch
+            row = {
+                "chunks_replayed_all_lanes": replayed,
+                # the first batch comes from lane position % C
+                "chunks_inflight_first_lane": len(
+                    state["lanes"][state["position"] % LANES]["chunks"]
+                ),
+                "replay_depth_batches_all_lanes": round(depth, 1),
+                "ratio_vs_steady_x_replay_depth": round(ms / (steady_ms * depth), 2),
+                **row,
+            }
+        out["cold_start" if state is None else f"at_{at}"] = row
     return out
 
 
-def _first_batch(fn: Callable, state: dict | None) -> tuple[float, int]:
+def _first_batch(fn: Callable, state: dict | None, prefetch: int = 3) -> tuple[float, int, int]:
     t0 = time.perf_counter()
-    it = zephon_pipeline(fn).iterate(restore=state)
+    it = zephon_pipeline(fn, prefetch).iterate(restore=state)
     next(it)
     ms = 1000 * (time.perf_counter() - t0)
     replayed = it.chunks_replayed
+    docs = it.stats()["operators"]["tokenize"]["records_in"]  # exact without the pump
     it.close()
-    return ms, replayed
+    return ms, replayed, docs
 
 
 # -- the run -------------------------------------------------------------------------------
-def main(n_tok: int = 100, n_lookup: int = 600, rounds: int = 3) -> dict[str, Any]:
+def main(n_tok: int = 150, n_lookup: int = 1000, rounds: int = 3) -> dict[str, Any]:
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     tok = BpeTokenize(train_tokenizer())
     docs = _all_docs()
@@ -461,12 +454,11 @@ def main(n_tok: int = 100, n_lookup: int = 600, rounds: int = 3) -> dict[str, An
     }
     for w in WORKERS:
         builds[f"zephon_workers_{w}"] = lambda w=w: zephon_pipeline(tok).dataloader(num_workers=w)
-    real, real_cpu = _timed(builds, n_tok, warmup=12, rounds=rounds)
+    with warnings.catch_warnings():  # torch's advice against 4 workers on 2 cores: known
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        real, real_cpu = _timed(builds, n_tok, warmup=12, rounds=rounds)
     # 6-7 (its run also gives Zephon's padding and documents per batch)
-    datasets = (corpora.prose(), corpora.code())
-    restore = bench_restore(
-        tok, real["zephon_iterate"], mean_len, lambda c, r: len(table[datasets[c][r]["id"]])
-    )
+    restore = bench_restore(tok, real["zephon_iterate"], mean_len)
     real_shape = {
         "bare_loop": _bare_stats(tok.encode, False, n_tok),
         "zephon": restore.pop("shape"),
@@ -572,22 +564,19 @@ def _print_table(r: dict[str, Any]) -> None:
     )
     for k, v in w["consumer_tensors"].items():
         p(f"   tensor {k:11s} {v['dtype']:12s} {v['bytes']:8d} B")
-    cold = r["restore"]["cold_start_first_batch_ms"]
-    p(f"-- restore to first batch (cold start, no state: {cold} ms)")
+    p("-- first batch after a restore (cold_start: no state)")
     for k, v in r["restore"].items():
-        if k.startswith("at_"):
+        p(
+            f"   {k:10s} {v['first_batch_ms']:6.1f} ms {v['first_batch_ms_repeats']}, no pump "
+            f"{v['first_batch_ms_no_pump']} ms; {v['documents_tokenized_to_first_batch']} "
+            f"documents tokenized = {v['work_depth_batches']} batches' worth, ms / (steady x "
+            f"that) {v['ratio_vs_steady_x_work_depth']}"
+        )
+        if "chunks_replayed_all_lanes" in v:
             p(
-                f"   {k:7s} {v['restore_to_first_batch_ms']:7.1f} ms {v['restore_ms_all_repeats']}"
-                f"; chunks replayed {v['chunks_replayed_all_lanes']} (first lane "
-                f"{v['chunks_inflight_first_lane']})"
-            )
-            p(
-                f"           depth in batches: all lanes {v['replay_depth_batches_all_lanes']}, "
-                f"first lane {v['replay_depth_batches_first_lane']} (by its tokens "
-                f"{v['replay_depth_batches_first_lane_by_tokens']}); ms / (steady x depth): "
-                f"{v['ratio_vs_steady_x_depth_all_lanes']}, "
-                f"{v['ratio_vs_steady_x_depth_first_lane']} "
-                f"({v['ratio_vs_steady_x_depth_first_lane_by_tokens']})"
+                f"              chunks replayed {v['chunks_replayed_all_lanes']} (first lane "
+                f"{v['chunks_inflight_first_lane']}) = {v['replay_depth_batches_all_lanes']} "
+                f"batches' worth; ms / (steady x that) {v['ratio_vs_steady_x_replay_depth']}"
             )
     for name, t in (
         ("main process, iterate()", r["threads_main_process_iterate"]),
@@ -597,7 +586,6 @@ def _print_table(r: dict[str, Any]) -> None:
             f"-- threads, {name}: python {t['python_threads']}, OS {t['os_threads']} "
             f"({', '.join(t['names'])})"
         )
-    p(f"   tokenizers parallelism in the worker: {w['worker_tokenizers_parallelism']}")
     load = r["load_average_1min_start_end"]
     p(f"-- total {r['seconds_total']} s; 1-min load average at start/end {load[0]}/{load[1]}")
 

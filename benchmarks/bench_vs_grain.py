@@ -1,8 +1,9 @@
 """The bar, side by side in one run: Zephon vs Grain 0.2.18 on the same pipeline.
 
 0.7/0.3 mixture of prose and code -> byte tokens -> fragments of <= 512 ->
-shuffle buffer 64 -> first-fit pack 512 (8 bins) -> batch 8, one process.
-Measures throughput (batches/s) of both. Needs `grain` (the `bench` extra;
+shuffle buffer 64 -> first-fit pack 512 (8 bins) -> batch 8, one process; Grain with
+its own operators (``FlatMapIterDataset`` splits documents). Measures throughput
+(batches/s) of both. Needs `grain` (the `bench` extra;
 `make bench` installs it).
 """
 
@@ -20,56 +21,35 @@ SEQ = 512
 
 
 def _grain_pipeline(seed: int = 1234):
+    """The same pipeline with Grain's own operators (``FlatMapIterDataset`` for the
+    split, ``WindowShuffleIterDataset``, ``FirstFitPackIterDataset``)."""
     import grain
     import grain.experimental as ge
 
     def to_tokens(d):
         return {"input_ids": np.frombuffer(d["text"].encode("utf-8"), np.uint8).astype(np.int32)}
 
-    def split(d):  # first-fit packing needs fragments <= 512 tokens, as in Zephon's split()
-        ids = d["input_ids"]
-        return [{"input_ids": ids[i : i + SEQ]} for i in range(0, len(ids), SEQ)]
+    docs = list(corpora.prose()) + list(corpora.code())
+    longest = max(len(d["text"].encode("utf-8")) for d in docs)
+
+    class Split(ge.FlatMapTransform):
+        """First-fit packing needs fragments <= 512 tokens, as Zephon's split() makes."""
+
+        max_fan_out = -(-longest // SEQ)
+
+        def flat_map(self, d):
+            ids = d["input_ids"]
+            return [{"input_ids": ids[i : i + SEQ]} for i in range(0, len(ids), SEQ)]
 
     prose = grain.MapDataset.source(list(corpora.prose())).shuffle(seed=seed).repeat()
     code = grain.MapDataset.source(list(corpora.code())).shuffle(seed=seed + 1).repeat()
     mixed = grain.MapDataset.mix([prose, code], weights=[0.7, 0.3]).map(to_tokens)
-    frags = _FlatMap(mixed.to_iter_dataset(), split)
+    frags = ge.FlatMapIterDataset(mixed.to_iter_dataset(), Split())
     shuffled = ge.WindowShuffleIterDataset(frags, window_size=64, seed=seed)
     packed = ge.FirstFitPackIterDataset(
         shuffled, length_struct={"input_ids": SEQ}, num_packing_bins=8, shuffle_bins=False
     )
     return packed.batch(8, drop_remainder=True)
-
-
-class _FlatMap:
-    """Grain IterDataset flat-map built on its public API (documents -> fragments)."""
-
-    def __new__(cls, parent, fn):
-        import grain
-
-        class FlatIter(grain.DatasetIterator):
-            def __init__(self, it):
-                super().__init__(it)
-                self._buf, self._pos = [], 0
-
-            def __next__(self):
-                while self._pos >= len(self._buf):
-                    self._buf, self._pos = fn(next(self._parent)), 0
-                self._pos += 1
-                return self._buf[self._pos - 1]
-
-            # Grain requires these; this throughput benchmark never checkpoints Grain.
-            def get_state(self):
-                return {"parent": self._parent.get_state(), "pos": self._pos}
-
-            def set_state(self, state):
-                raise NotImplementedError("not used by the throughput benchmark")
-
-        class FlatDS(grain.IterDataset):
-            def __iter__(self):
-                return FlatIter(self._parent.__iter__())
-
-        return FlatDS(parent)
 
 
 def grain_throughput(n: int, warmup: int = 50, repeats: int = 3) -> float:

@@ -15,6 +15,7 @@ import bench_hf_trainer  # noqa: E402
 import bench_mixture  # noqa: E402
 import bench_parquet  # noqa: E402
 import bench_runners  # noqa: E402
+import bench_throughput  # noqa: E402
 import bench_vs_grain  # noqa: E402
 
 if __name__ == "__main__":
@@ -28,6 +29,7 @@ if __name__ == "__main__":
                 "hf_trainer_data_path": bench_hf_trainer.main(),
                 "runners_gil_bound_map": bench_runners.main(),
                 "mixture_token_share": bench_mixture.main(),
+                "throughput_real_tokenizer": bench_throughput.main(),
                 "parquet_s3": bench_parquet.main(),
             },
             indent=2,

@@ -76,3 +76,25 @@ def test_wide_tokens_stay_int64():
     assert wire_dtype(np.array([1], dtype=np.uint32), 0) is np.int64
     assert wire_dtype(np.array([1], dtype=np.int32), 2**31) is np.int64
     assert wire_dtype(np.array([1], dtype=np.uint16), -1) is np.int32
+
+
+def _env_probe(payload: dict) -> dict:
+    import os
+
+    return {"rayon": os.environ.get("RAYON_NUM_THREADS", "unset")}
+
+
+def test_workers_share_the_cores_among_their_native_pools(monkeypatch):
+    from zephon_core.engine.cores import usable_cores
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+
+    def pipe():
+        return Pipeline(source(4), canonical_replicas=2, seed=1).fetch().map(_env_probe)
+
+    with pipe().dataloader(num_workers=2) as loader:
+        seen = {out["rayon"] for out in take(loader, 6)}
+    assert seen == {str(max(1, usable_cores() // 2))}
+    monkeypatch.setenv("RAYON_NUM_THREADS", "7")  # the user's setting wins
+    with pipe().dataloader(num_workers=2) as loader:
+        assert {out["rayon"] for out in take(loader, 4)} == {"7"}

@@ -5,6 +5,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_core.errors import ConfigError
 from zephon_core.sources import KeyedPermutation
@@ -117,3 +119,19 @@ def test_out_of_range_index() -> None:
         perm.map_array(np.array([0, 10]))
     with pytest.raises(TypeError):
         perm.map_array(np.array([0.5]))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(
+    n=st.integers(1, 5000),
+    keys=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6),
+    data=st.data(),
+)
+def test_map_many_equals_one_permutation_per_key(n, keys, data):
+    from zephon_core.sources.permutation import map_many
+
+    m = data.draw(st.integers(1, 60))
+    which = np.array(data.draw(st.lists(st.integers(0, len(keys) - 1), min_size=m, max_size=m)))
+    idx = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m)))
+    want = [KeyedPermutation(n, keys[w])(int(i)) for w, i in zip(which, idx)]
+    assert map_many(n, keys, which, idx).tolist() == want

@@ -2,7 +2,8 @@
 
 The pump never blocks on a full queue -- it simply does not start work for a
 lane whose queue holds ``prefetch`` outputs -- so it cannot deadlock against
-a consumer that waits on another lane. Among lanes with room it advances the
+a consumer that waits on another lane. The consumer wakes it when a queue has run
+down to half (an empty queue is always below that). Among lanes with room it advances the
 one with the fewest queued outputs, nearest to the consumer's next turn.
 What the pump has done never changes what a checkpoint means: every output
 carries the lane state as of its own delivery.
@@ -34,6 +35,9 @@ class Pump:
         self._streams = streams
         self._order = order
         self._prefetch = max(1, prefetch)
+        # the consumer wakes the pump only when a queue runs this low: the pump then
+        # refills several outputs per wake-up instead of switching threads per output
+        self._low = (self._prefetch - 1) // 2
         self._next_turn = next_turn
         self._timeout = stall_timeout_s
         self._queues: dict[int, deque[Output]] = {lane: deque() for lane in order}
@@ -104,7 +108,8 @@ class Pump:
                     raise self._stalled(lane, timeout)
                 cond.wait(left)
             out = q.popleft()
-            cond.notify_all()
+            if len(q) <= self._low:
+                cond.notify_all()
             return out
 
     def _stalled(self, lane: int, timeout: float) -> BaseException:

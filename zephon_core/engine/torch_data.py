@@ -33,6 +33,7 @@ from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
 from ..ops.token_batch import TokenBatch
 from ..validate import int_arg
+from .cores import size_worker_threads
 from .handle import StreamHandle, _failed_earlier
 from .mixture_report import mixture_report
 from .restore_log import RestoreLog
@@ -55,6 +56,7 @@ class ZephonIterableDataset(IterableDataset):
         info = get_worker_info()
         topo = self.topology
         if info is not None:
+            size_worker_threads(info.num_workers)  # before any native pool starts here
             topo = Topology(
                 topo.rank, topo.world_size, topo.dp_rank, topo.dp_size, info.id, info.num_workers
             )

@@ -157,10 +157,14 @@ class BatchOp(Operator):
             joined = np.zeros((0, 0))
         if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
             check_tokens(self, records, key, joined)
-        # one vectorized scatter for the whole batch: each row's tokens are a prefix
-        maskb = np.arange(width)[None, :] < lens[:, None]
-        ids = np.full((b, width), self.pad_id, dtype=wire_dtype(joined, self.pad_id))
-        ids[maskb] = joined
+        # each row's tokens are a prefix of it: one slice copy per row
+        # int32 only where it crosses a pipe: in-process the tensors are int64 anyway
+        dtype = wire_dtype(joined, self.pad_id) if self.compact else np.int64
+        ids = np.full((b, width), self.pad_id, dtype=dtype)
+        at = 0
+        for r, n in enumerate(lengths):
+            ids[r, :n] = joined[at : at + n]
+            at += n
         n_tokens = sum(lengths)
         self.rows += b
         self.total_tokens += b * width

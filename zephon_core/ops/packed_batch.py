@@ -25,7 +25,7 @@ next. So, for packed rows, ``batch`` emits (key by key):
   - ``"mask_4d"``: ``attention_mask`` [B, 1, L, L], additive (0 where a token may
     attend, the dtype's minimum elsewhere), block-diagonal and causal; used as is by
     eager and SDPA attention whatever the cache. Costs ``B * L * L`` values per batch
-    (large for long rows; they cross the DataLoader worker pipes).
+    (large for long rows; built in the training process, not shipped by workers).
   - ``"mask_2d"``: the padding-only ``attention_mask`` [B, L] and ``segment_ids``
     [B, L] (1..n per segment, 0 on padding), for models that take segment ids
     themselves. Transformers models attend across documents with it.
@@ -47,38 +47,49 @@ MASK_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 
 def packed_fields(
     ids: np.ndarray,
-    maskb: np.ndarray,
+    lens: np.ndarray,
     seglens: list[np.ndarray],
     attention: str,
     mask_dtype: str,
     flash_kwargs: bool,
 ) -> dict:
-    """The tensors of a packed batch (see the module docstring); ``ids`` [B, L] is
-    padded, ``maskb`` marks real tokens, ``seglens`` holds each row's segment lengths."""
+    """The tensors of a packed batch (see the module docstring); ``ids`` [B, L] int64 is
+    padded after each row's ``lens[r]`` tokens, ``seglens[r]`` holds row ``r``'s segment
+    lengths. Written row by row and segment by segment: a few slices per document cost
+    less than full-size boolean masks (a batch holds few documents, many tokens)."""
     b, width = ids.shape
-    flen = np.concatenate(seglens).astype(np.int64)
-    fstart = np.cumsum(flen) - flen
-    # padding counts as one more document (positions 0, 1, ... after the last segment)
-    pos = np.arange(width, dtype=np.int64)[None, :] - maskb.sum(axis=1, keepdims=True)
-    pos[maskb] = np.arange(int(flen.sum())) - np.repeat(fstart, flen)
-    labels = np.where(maskb, ids, -100)
-    labels[maskb & (pos == 0)] = -100  # the first token of every segment
+    ramp = np.arange(width, dtype=np.int64)
+    pos = np.empty((b, width), dtype=np.int64)
+    labels = ids.copy()
+    segs = [seg.tolist() for seg in seglens]
+    for r, row_segs in enumerate(segs):
+        prow, lrow, at = pos[r], labels[r], 0
+        for n in row_segs:
+            prow[at : at + n] = ramp[:n]
+            if n:
+                lrow[at] = -100  # the first token of every segment
+            at += n
+        # padding counts as one more document (positions 0, 1, ... after the last segment)
+        prow[at:] = ramp[: width - at]
+        lrow[at:] = -100
     out = {
         "input_ids": torch.from_numpy(ids),
         "labels": torch.from_numpy(labels),
         "position_ids": torch.from_numpy(pos),
     }
     if attention == "mask_2d":
-        per_row = np.fromiter((len(x) for x in seglens), dtype=np.int64, count=b)
         seg = np.zeros((b, width), dtype=np.int64)
-        idx_in_row = np.arange(len(flen)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-        seg[maskb] = np.repeat(idx_in_row + 1, flen)
-        out["attention_mask"] = torch.from_numpy(maskb.astype(np.int64))
+        for r, row_segs in enumerate(segs):
+            at = 0
+            for k, n in enumerate(row_segs, 1):
+                seg[r, at : at + n] = k
+                at += n
+        out["attention_mask"] = torch.from_numpy((ramp[None, :] < lens[:, None]).astype(np.int64))
         out["segment_ids"] = torch.from_numpy(seg)
     elif attention == "mask_4d":
         out["attention_mask"] = _block_causal(pos, MASK_DTYPES[mask_dtype])
     if flash_kwargs:
-        out.update(_flash_kwargs(seglens, maskb, width))
+        out.update(_flash_kwargs(segs, lens, width))
     return out
 
 
@@ -97,11 +108,11 @@ def _block_causal(pos: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return mask[:, None]
 
 
-def _flash_kwargs(seglens: list[np.ndarray], maskb: np.ndarray, width: int) -> dict:
+def _flash_kwargs(seglens: list[list[int]], lens: np.ndarray, width: int) -> dict:
     lengths: list[int] = []
     for row, segs in enumerate(seglens):
         lengths.extend(int(x) for x in segs)
-        pad = width - int(maskb[row].sum())
+        pad = width - int(lens[row])
         if pad:
             lengths.append(pad)
     cu = np.zeros(len(lengths) + 1, dtype=np.int32)

@@ -47,11 +47,11 @@ class TokenBatch:
     def build(self) -> dict[str, torch.Tensor]:
         """The batch's tensors (``batch.py``'s module docstring says what each holds)."""
         ids = self.ids.astype(np.int64, copy=False)
-        maskb = np.arange(ids.shape[1])[None, :] < self.lens[:, None]
         if self.seglens is not None:
             return packed_fields(
-                ids, maskb, self.seglens, self.attention, self.mask_dtype, self.flash_kwargs
+                ids, self.lens, self.seglens, self.attention, self.mask_dtype, self.flash_kwargs
             )
+        maskb = np.arange(ids.shape[1])[None, :] < self.lens[:, None]
         return {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(np.where(maskb, ids, -100)),

@@ -23,13 +23,16 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from ..errors import ConfigError
 from ..rng import MASK64, derive_seed
 from ..validate import is_int as _is_int
 
-__all__ = ["KeyedPermutation"]
+__all__ = ["KeyedPermutation", "map_many"]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -110,12 +113,13 @@ class KeyedPermutation:
 
     # -- vectorized ------------------------------------------------------------------------
 
-    def _encrypt_array(self, x: np.ndarray) -> np.ndarray:
-        """Same as :meth:`_encrypt` on a uint64 array (wrapping arithmetic)."""
+    def _encrypt_array(self, x: np.ndarray, keys: Any = None) -> np.ndarray:
+        """Same as :meth:`_encrypt` on a uint64 array (wrapping arithmetic); ``keys``
+        (one uint64 array per round, aligned with ``x``) replaces the round keys."""
         mask, shift = np.uint64(self._mask), np.uint64(self.half_bits)
         left = x >> shift
         right = x & mask
-        for k in self._ukeys:
+        for k in self._ukeys if keys is None else keys:
             z = right * _U_GOLDEN
             z += k
             z ^= z >> _U30
@@ -156,3 +160,34 @@ class KeyedPermutation:
                 y[todo] = walked
                 todo = todo[walked >= n]
         return y.astype(np.int64).reshape(arr.shape)
+
+
+def map_many(n: int, keys: Sequence[int], which: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``KeyedPermutation(n, keys[which[i]])(idx[i])`` for every ``i``, in one vectorized
+    pass. Why: a dataset smaller than a lane's read-ahead spans many epochs, each with
+    its own key; mapping them one epoch at a time costs a numpy pass per epoch.
+
+    Example:
+        >>> import numpy as np
+        >>> got = map_many(10, [3, 4], np.array([0, 1, 1]), np.array([5, 5, 6]))
+        >>> got.tolist() == [KeyedPermutation(10, 3)(5), KeyedPermutation(10, 4)(5),
+        ...                  KeyedPermutation(10, 4)(6)]
+        True
+    """
+    proto = KeyedPermutation(n, 0)  # the bit layout depends on n alone
+    table = np.array(
+        [[derive_seed(int(k) & MASK64, r) for r in range(proto.rounds)] for k in keys],
+        dtype=np.uint64,
+    )
+    per_elem = table[np.asarray(which)]  # [m, rounds]
+    y = np.asarray(idx).astype(np.uint64).ravel()
+    keys_of = [per_elem[:, r] for r in range(proto.rounds)]
+    bound = np.uint64(n)
+    with np.errstate(over="ignore"):
+        y = proto._encrypt_array(y, keys_of)
+        todo = np.flatnonzero(y >= bound)
+        while todo.size:  # cycle-walking, each element with its own keys
+            walked = proto._encrypt_array(y[todo], [k[todo] for k in keys_of])
+            y[todo] = walked
+            todo = todo[walked >= bound]
+    return y.astype(np.int64)

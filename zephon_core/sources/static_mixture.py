@@ -46,7 +46,7 @@ from .chunk import WorkChunk
 from .deficit import TokenDeficit
 from .lengths import ComponentLengths, lengths_digest, resolve_lengths
 from .mixture import SmoothWeightedRoundRobin, integer_weights
-from .permutation import KeyedPermutation
+from .permutation import KeyedPermutation, map_many
 from .repetition import warn_repeat
 from .schedule import WeightSchedule, fixed_point_shares, weights_at
 
@@ -535,6 +535,11 @@ class StaticMixtureLane:
             return local
         epochs = pos // n
         cuts = [0, *(np.flatnonzero(np.diff(epochs)) + 1).tolist(), size]
+        if len(cuts) > 3 and self._blocks[d] is None:
+            # a small dataset: many epochs in one pass, each under its own key
+            first = int(epochs[0])
+            keys = [derive_seed(self._src.seed, d, e) for e in range(first, int(epochs[-1]) + 1)]
+            return map_many(n, keys, epochs - first, local)
         out = np.empty(size, dtype=np.int64)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             if self._blocks[d] is not None:
