@@ -12,7 +12,7 @@ import torch
 from helpers import byte_tokenize, source
 
 from zephon_core import Pipeline
-from zephon_core.ops.token_batch import TokenBatch, wire_dtype
+from zephon_core.ops.token_batch import TokenBatch, narrow
 from zephon_core.testing import assert_streams_equal, take
 
 MODES = [
@@ -51,31 +51,38 @@ def test_what_a_worker_yields_is_a_token_batch():
         _pipe().torch_dataset(), batch_size=None, num_workers=1, collate_fn=lambda x: x
     )
     payload, _delta = next(iter(raw))
-    assert isinstance(payload, TokenBatch) and payload.ids.dtype == np.int32
+    assert isinstance(payload, TokenBatch) and payload.tokens.dtype == np.uint16
     assert payload.build().keys() == take(_pipe(), 1)[0].keys()
 
 
 def test_a_packed_batch_ships_a_fraction_of_its_tensor_bytes():
     rng = np.random.default_rng(0)
     width, rows = 2048, 8
-    seglens = [np.array([700, 900, 400], dtype=np.int64) for _ in range(rows)]
+    seglens = [np.array([700, 900, 400], dtype=np.int32) for _ in range(rows)]
     lens = np.array([s.sum() for s in seglens])
-    tokens = rng.integers(0, 8192, size=int(lens.sum())).astype(np.int32)
-    ids = np.zeros((rows, width), dtype=wire_dtype(tokens, 0))
-    ids[np.arange(width)[None, :] < lens[:, None]] = tokens
-    tb = TokenBatch(ids, lens, seglens, "position_ids", "float32", False)
+    tokens = rng.integers(0, 50_000, size=int(lens.sum())).astype(np.int64)
+    tb = TokenBatch(tokens, lens, width, 0, seglens, "position_ids", "float32", False)
+    wired = tb.for_wire()
     built = tb.build()
+    assert wired.tokens.dtype == np.uint16
+    assert all(torch.equal(built[k], wired.build()[k]) for k in built)
     tensor_bytes = sum(t.numel() * t.element_size() for t in built.values())
-    wire = len(pickle.dumps(tb, protocol=pickle.HIGHEST_PROTOCOL))
-    assert ids.dtype == np.int32
-    assert tensor_bytes >= 5 * wire  # three int64 [8, 2048] tensors vs int32 tokens
+    wire = len(pickle.dumps(wired, protocol=pickle.HIGHEST_PROTOCOL))
+    assert tensor_bytes >= 10 * wire  # three int64 [8, 2048] tensors vs uint16 tokens
 
 
-def test_wide_tokens_stay_int64():
-    assert wire_dtype(np.array([1], dtype=np.int64), 0) is np.int64
-    assert wire_dtype(np.array([1], dtype=np.uint32), 0) is np.int64
-    assert wire_dtype(np.array([1], dtype=np.int32), 2**31) is np.int64
-    assert wire_dtype(np.array([1], dtype=np.uint16), -1) is np.int32
+def test_narrowing_never_changes_a_value():
+    for values, dtype in [
+        ([0, 65_535], np.uint16),
+        ([-1, 5], np.int32),
+        ([0, 65_536], np.int32),
+        ([0, 2**31], np.int64),
+        ([-(2**31) - 1, 0], np.int64),
+    ]:
+        got = narrow(np.array(values, dtype=np.int64))
+        assert got.dtype == dtype and got.tolist() == values
+    assert narrow(np.array([3], dtype=np.uint8)).dtype == np.uint8  # already narrow
+    assert narrow(np.array([], dtype=np.int64)).size == 0
 
 
 def _env_probe(payload: dict) -> dict:

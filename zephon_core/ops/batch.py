@@ -28,7 +28,7 @@ from ..validate import bool_arg, int_arg
 from .base import OpContext, Operator, OpTraits, check_tokens
 from .pack import PackOp
 from .packed_batch import ATTENTION_MODES, MASK_DTYPES
-from .token_batch import TokenBatch, wire_dtype
+from .token_batch import TokenBatch
 
 
 class BatchOp(Operator):
@@ -157,29 +157,23 @@ class BatchOp(Operator):
             joined = np.zeros((0, 0))
         if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
             check_tokens(self, records, key, joined)
-        # each row's tokens are a prefix of it: one slice copy per row
-        # int32 only where it crosses a pipe: in-process the tensors are int64 anyway
-        dtype = wire_dtype(joined, self.pad_id) if self.compact else np.int64
-        ids = np.full((b, width), self.pad_id, dtype=dtype)
-        at = 0
-        for r, n in enumerate(lengths):
-            ids[r, :n] = joined[at : at + n]
-            at += n
         n_tokens = sum(lengths)
         self.rows += b
         self.total_tokens += b * width
         self.pad_tokens += b * width - n_tokens
         packed = "segment_lengths" in payloads[0]
         tb = TokenBatch(
-            ids,
+            joined,
             lens,
+            width,
+            self.pad_id,
             [p["segment_lengths"] for p in payloads] if packed else None,
             self.attention,
             self.mask_dtype,
             self.flash_kwargs,
         )
         # in a DataLoader worker the training process builds the tensors (token_batch.py)
-        return tb if self.compact else tb.build()
+        return tb.for_wire() if self.compact else tb.build()
 
     def describe(self) -> dict:
         return {

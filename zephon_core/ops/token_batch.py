@@ -1,12 +1,14 @@
 """A collated token batch before its tensors are built: what crosses a worker's pipe.
 
-Why: the tensors of a packed batch (``packed_batch.py``) are five int64 [B, L] arrays
+Why: the tensors of a packed batch (``packed_batch.py``) are several int64 [B, L] arrays
 (or a [B, 1, L, L] mask) derived from the tokens and each row's segment lengths. A
-DataLoader worker that built them would ship ~10x the bytes of the tokens (655 KB per
+DataLoader worker that built them would ship ~10-20x the bytes of the tokens (655 KB per
 8 x 2048 batch) through its pipe and spend its own time building them. So in a worker
-``batch`` emits this instead -- the tokens in int32 where they fit, and the lengths --
-and the training process builds the tensors (``build``) right before handing the batch
-out: the same function builds them in-process, so both paths give identical tensors.
+``batch`` emits this instead -- the rows' real tokens back to back, in the narrowest
+integer type that holds them exactly (uint16 for vocabularies under 65,536), and the
+lengths -- and the training process builds the tensors (``build``) right before handing
+the batch out. In-process the same ``build`` runs at once, so both paths give identical
+tensors.
 """
 
 from __future__ import annotations
@@ -18,27 +20,34 @@ import torch
 
 from .packed_batch import packed_fields
 
-__all__ = ["TokenBatch", "wire_dtype"]
-
-_NARROW = {np.dtype(t) for t in ("int8", "int16", "int32", "uint8", "uint16")}
+__all__ = ["TokenBatch", "narrow"]
 
 
-def wire_dtype(tokens: np.ndarray, pad_id: int) -> type:
-    """int32 when every token (and the pad id) fits without a check, else int64."""
-    fits = tokens.dtype in _NARROW and -(2**31) <= pad_id < 2**31
-    return np.int32 if fits else np.int64
+def narrow(tokens: np.ndarray) -> np.ndarray:
+    """``tokens`` in uint16 or int32 when every value fits (checked), else unchanged."""
+    if tokens.size == 0 or tokens.dtype.itemsize <= 2:
+        return tokens
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if 0 <= lo and hi < 1 << 16:
+        return tokens.astype(np.uint16)
+    if -(1 << 31) <= lo and hi < 1 << 31 and tokens.dtype.itemsize > 4:
+        return tokens.astype(np.int32)
+    return tokens
 
 
 @dataclass
 class TokenBatch:
-    """Rows of tokens, padded to one width, and what the model must be told about them.
+    """Rows of tokens and what the model must be told about them.
 
-    ``ids`` [B, L] (int32 or int64), ``lens`` [B] real tokens per row (a prefix of each
-    row), ``seglens`` each packed row's segment lengths (None: rows are not packed).
+    ``tokens`` every row's real tokens back to back (1-D), ``lens`` [B] tokens per row,
+    ``width`` the padded row length, ``pad_id``; ``seglens`` each packed row's segment
+    lengths (None: rows are not packed).
     """
 
-    ids: np.ndarray
+    tokens: np.ndarray
     lens: np.ndarray
+    width: int
+    pad_id: int
     seglens: list[np.ndarray] | None
     attention: str
     mask_dtype: str
@@ -46,20 +55,32 @@ class TokenBatch:
 
     def build(self) -> dict[str, torch.Tensor]:
         """The batch's tensors (``batch.py``'s module docstring says what each holds)."""
-        ids = self.ids.astype(np.int64, copy=False)
+        b = len(self.lens)
+        ids = np.full((b, self.width), self.pad_id, dtype=np.int64)
+        at = 0
+        for r, n in enumerate(self.lens.tolist()):  # each row's tokens are a prefix of it
+            ids[r, :n] = self.tokens[at : at + n]
+            at += n
         if self.seglens is not None:
             return packed_fields(
                 ids, self.lens, self.seglens, self.attention, self.mask_dtype, self.flash_kwargs
             )
-        maskb = np.arange(ids.shape[1])[None, :] < self.lens[:, None]
+        maskb = np.arange(self.width)[None, :] < self.lens[:, None]
         return {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(np.where(maskb, ids, -100)),
             "attention_mask": torch.from_numpy(maskb.astype(np.int64)),
         }
 
+    def for_wire(self) -> TokenBatch:
+        """This batch with its tokens narrowed for the pipe (values unchanged)."""
+        return TokenBatch(
+            narrow(self.tokens), self.lens, self.width, self.pad_id, self.seglens,
+            self.attention, self.mask_dtype, self.flash_kwargs,
+        )  # fmt: skip
+
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays this batch ships (the tensors it builds are larger)."""
         seg = sum(s.nbytes for s in self.seglens) if self.seglens is not None else 0
-        return self.ids.nbytes + self.lens.nbytes + seg
+        return self.tokens.nbytes + self.lens.nbytes + seg
