@@ -206,3 +206,18 @@ def test_parquet_blocks_resume_across_topologies(corpus):
         build, [0, 10, 22], total=30, dp_size=2, num_workers=1, resume_dp_size=1,
         resume_num_workers=2,
     )  # fmt: skip
+
+
+def test_workers_share_one_disk_cache_and_stream_the_same(corpus, tmp_path):
+    """DataLoader workers (separate processes) read through one cache directory, twice:
+    the stream is the uncached one."""
+
+    def build(cache):
+        comp = parquet_component(str(corpus), columns=["text"], disk_cache=cache)
+        return _pipe(comp)
+
+    want = take(build(None), 25)
+    cache = str(tmp_path / "blocks")
+    for _ in range(2):  # cold, then warm
+        with build(cache).dataloader(num_workers=2) as loader:
+            assert_streams_equal(want, take(loader, 25), "through a shared disk cache")
