@@ -160,6 +160,23 @@ def test_close_is_idempotent_and_stops_the_pump_thread():
         next(it)
 
 
+def test_pumps_left_running_are_stopped_at_interpreter_exit():
+    """A program that never closes its stream: the exit hook stops and joins its pump
+    (a daemon thread left inside native code can abort the interpreter's teardown)."""
+    from zephon_core.engine import pump
+
+    before = set(threading.enumerate())
+    pipe = reference_pipeline(prefetch=3)
+    it = iter(pipe)
+    for _ in range(5):
+        next(it)
+    pump_thread = it.run.pump._thread
+    assert pump_thread in _live_pumps(before) and it.run.pump in pump._live
+    pump.stop_live_pumps()  # what atexit runs
+    assert not pump_thread.is_alive() and it.run.pump not in pump._live
+    pipe.close()
+
+
 def test_close_before_iterating_and_without_pump():
     reference_pipeline().close()
     pipe = reference_pipeline(prefetch=0)

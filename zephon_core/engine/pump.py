@@ -11,7 +11,9 @@ carries the lane state as of its own delivery.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from time import monotonic
@@ -21,6 +23,21 @@ from .lane_stream import END_OF_LANE, LaneStream, Output
 from .watchdog import stalled
 
 BACKSTOP = 1.5  # the consumer's wait, in multiples of stall_timeout_s
+EXIT_JOIN_S = 5.0  # at interpreter exit, how long to wait for each pump to stop
+
+_live: weakref.WeakSet[Pump] = weakref.WeakSet()
+
+
+@atexit.register
+def stop_live_pumps() -> None:
+    """Stop pumps a program left running when it exits (no ``close()``, no ``with``).
+
+    Why: the pump is a daemon thread; left running, it may be inside native code (a
+    Parquet read, a tokenizer) while the interpreter tears down, which can abort the
+    process ("terminate called without an active exception"). Stopped and joined here,
+    it finishes the step it is on and exits first."""
+    for pump in list(_live):
+        pump.close(EXIT_JOIN_S)
 
 
 class Pump:
@@ -48,6 +65,7 @@ class Pump:
         self._working: int | None = None  # the lane the pump thread is advancing
         self._thread = threading.Thread(target=self._run, name="zephon-pump", daemon=True)
         self._thread.start()
+        _live.add(self)
 
     def _pick(self) -> int | None:
         order, n = self._order, len(self._order)
@@ -136,3 +154,4 @@ class Pump:
             self._cond.notify_all()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        _live.discard(self)
