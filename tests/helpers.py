@@ -163,3 +163,16 @@ def finite_pipeline(prefetch: int = 2) -> Pipeline:
         .map(byte_tokenize, name="tokenize")
         .split(max_len=256)
     )
+
+
+def parquet_pipe(comp, shuffle_block=None, **pipe_kw) -> Pipeline:
+    """A small token pipeline over one component (``parquet_component``, ...) as ``docs``."""
+    src = StaticMixtureWorkSource({"docs": comp}, chunk_size=8, seed=3, shuffle_block=shuffle_block)
+    return (
+        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1, **pipe_kw)
+        .fetch()
+        .map(byte_tokenize, name="tok")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=2)
+        .batch(batch_size=2)
+    )

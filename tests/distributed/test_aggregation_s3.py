@@ -39,16 +39,19 @@ def _files(fs, prefix: str) -> dict[str, bytes]:
     return {p.rsplit("/", 1)[-1]: fs.cat(p) for p in fs.find(f"{BUCKET}/{prefix}")}
 
 
+def _all_ranks_merged(logs: dict, world: int, what: str) -> None:
+    for r in range(world):
+        entry = logs[f"r{r}"]["rounds"][0]
+        assert entry.get("ok"), err(entry)
+        assert_same(reference()["states"][world * K1], entry["state"], f"{what} rank {r}")
+
+
 def test_a_round_through_s3_merges_every_rank(tmp_path, s3):
     fs, env = s3
     world = 2
     ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=f"s3://{BUCKET}/plain")
     ranks.env = env
-    logs = ranks.logs(ranks.run())
-    for r in range(world):
-        entry = logs[f"r{r}"]["rounds"][0]
-        assert entry.get("ok"), err(entry)
-        assert_same(reference()["states"][world * K1], entry["state"], f"rank {r} via s3")
+    _all_ranks_merged(ranks.logs(ranks.run()), world, "via s3:")
     assert_files_complete(_files(fs, "plain"), "after a round through s3")
 
 
@@ -72,8 +75,4 @@ def test_leader_killed_mid_round_on_s3_then_restarted_ranks_complete(tmp_path, s
     assert_files_complete(_files(fs, "killed"), "after the leader was killed (s3)")
     ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=agg, name="restart")
     ranks.env = env
-    logs = ranks.logs(ranks.run())
-    for r in range(world):
-        entry = logs[f"r{r}"]["rounds"][0]
-        assert entry.get("ok"), err(entry)
-        assert_same(reference()["states"][world * K1], entry["state"], f"restarted rank {r}")
+    _all_ranks_merged(ranks.logs(ranks.run()), world, "restarted:")

@@ -105,3 +105,25 @@ def test_workers_share_the_cores_among_their_native_pools(monkeypatch):
     monkeypatch.setenv("RAYON_NUM_THREADS", "7")  # the user's setting wins
     with pipe().dataloader(num_workers=2) as loader:
         assert {out["rayon"] for out in take(loader, 4)} == {"7"}
+
+
+def test_a_batch_whose_tensors_fail_to_build_is_not_counted(monkeypatch):
+    """Building happens in the training process: if it fails, that batch was not handed
+    out, so the state resumes with it (never one lost silently)."""
+    want = take(_pipe(), 6)
+    loader = _pipe().dataloader(num_workers=2)
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]
+
+    def broken(self):
+        raise MemoryError("no room for the tensors")
+
+    monkeypatch.setattr(TokenBatch, "build", broken)
+    with pytest.raises(MemoryError):
+        next(it)
+    monkeypatch.undo()
+    state = loader.state_dict()
+    loader.close()
+    with _pipe().dataloader(num_workers=2, restore=state) as again:
+        got += take(again, 3)
+    assert_streams_equal(want, got, "a failed build, then resumed")

@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import byte_tokenize, s3_server
+from helpers import parquet_pipe, s3_server
 
-from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
+from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline
 from zephon_core.sources.parquet import parquet_component
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 from zephon_core.testing.s3 import FaultProxy
@@ -70,15 +70,7 @@ def test_bad_inputs_are_config_errors(local, tmp_path):
 
 
 def _pipe(comp) -> Pipeline:
-    src = StaticMixtureWorkSource({"docs": comp}, chunk_size=8, seed=3)
-    return (
-        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1)
-        .fetch()
-        .map(byte_tokenize, name="tok")
-        .split(max_len=64)
-        .pack(seq_len=64, bins=2)
-        .batch(batch_size=2)
-    )
+    return parquet_pipe(comp)
 
 
 def test_a_parquet_pipeline_resumes_exactly(local):

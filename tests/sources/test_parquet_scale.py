@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import byte_tokenize
+from helpers import byte_tokenize, parquet_pipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -91,15 +91,7 @@ def test_indexing_many_shards_shows_a_progress_bar(shards, capsys):
 
 
 def _pipe(comp, **kw) -> Pipeline:
-    src = StaticMixtureWorkSource({"docs": comp}, chunk_size=8, seed=3, shuffle_block="row_group")
-    return (
-        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1, **kw)
-        .fetch()
-        .map(byte_tokenize, name="tok")
-        .split(max_len=64)
-        .pack(seq_len=64, bins=2)
-        .batch(batch_size=2)
-    )
+    return parquet_pipe(comp, shuffle_block="row_group", **kw)
 
 
 def test_workers_ship_their_read_counters(shards):

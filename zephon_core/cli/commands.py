@@ -196,7 +196,7 @@ def bench(factory: str, batches: int, workers: int) -> None:
     pipe = _build(factory)
     handle: Any = pipe.dataloader(num_workers=workers) if workers else pipe.iterate()
     it = iter(handle)
-    tokens = 0
+    tokens = served = 0
     t0 = time.perf_counter()
     first = None
     try:
@@ -205,13 +205,14 @@ def bench(factory: str, batches: int, workers: int) -> None:
             if first is None:
                 first = time.perf_counter() - t0
             tokens += _tokens(out)
+            served += 1  # a finite stream may end before `batches`
     except StopIteration:
         pass
     finally:
         handle.close()
     dt = time.perf_counter() - t0
     click.echo(
-        f"{batches / dt:.1f} batches/s, {tokens / dt:,.0f} tokens/s "
+        f"{served / dt:.1f} batches/s, {tokens / dt:,.0f} tokens/s "
         f"(first batch after {1000 * (first or 0):.0f} ms, {workers} workers)"
     )
 

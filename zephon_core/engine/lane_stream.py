@@ -121,7 +121,7 @@ class LaneStream:
         ``segment_start`` (after a re-mix, segments that started before it keep the
         old mixture targets, see ``checkpoint/remix.py``)."""
         op = self.plan.ops[i].for_lane(self.lane)
-        if self.compact_outputs and i == len(self.plan.ops) - 1 and hasattr(op, "compact"):
+        if self.compact_outputs and i == self.plan.batch_index == len(self.plan.ops) - 1:
             op.compact = True  # the consumer builds the batch's tensors (token_batch.py)
         prior = self.prior
         if prior is not None and segment_start < prior[0] and op.reads_source_weights:

@@ -31,7 +31,7 @@ from .lane_stream import END_OF_LANE, LaneStream, Output
 from .mixture_report import mixture_report
 from .processes import StagePool, can_start_processes
 from .pump import Pump
-from .stats import SHIP_EVERY, OpStats, WorkerStats
+from .stats import SHIP_EVERY, OpStats, WorkerStats, sum_worker_stats
 
 
 class Skip:
@@ -227,10 +227,6 @@ class PipelineRun:
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
-        b = self.plan.batch_index
-        batches = [s.ops[b] for s in self.streams.values()] if b is not None else []
-        pad = sum(op.pad_tokens for op in batches)
-        slots = sum(op.total_tokens for op in batches)
         mixture = mixture_report(
             self.plan.source,
             (d.tokens for d in self.delivered.values()),
@@ -244,10 +240,9 @@ class PipelineRun:
             "inflight_chunks": {lane: len(s.ledger) for lane, s in self.streams.items()},
             "queue_depths": self.pump.queued() if self.pump else {},
             "chunks_replayed": self.chunks_replayed,
-            "operators": {op.name: st.as_dict() for op, st in zip(self.plan.ops, self.op_stats)},
             "mixture": mixture,
-            "padding_ratio": pad / slots if slots else 0.0,
-            "io": self.io_stats(),
+            # operators, padding and io: this run's counters, as a worker reports them
+            **sum_worker_stats([op.name for op in self.plan.ops], [self.worker_stats()]),
         }
 
     def close(self, join_timeout: float = 5.0) -> None:

@@ -332,8 +332,10 @@ class _LoaderIterator(Iterator[Any]):
 
     def _commit(self, item: tuple[Any, LaneDelta]) -> Any:
         payload, delta = item
+        # built first: if building fails, the batch was not handed out and must not count
+        out = _from_wire(payload, self._loader.pin_memory)
         self._loader.consumer.apply(delta, served=True)
-        return _from_wire(payload, self._loader.pin_memory)
+        return out
 
     def _end(self) -> None:
         self._done = True
@@ -375,12 +377,12 @@ def _to_wire(payload: Any) -> Any:
 
 
 def _from_wire(payload: Any, pin: bool) -> Any:
-    if isinstance(payload, (_Wire, TokenBatch)):
-        if isinstance(payload, TokenBatch):
-            out = payload.build()
-        else:
-            out = {k: torch.from_numpy(v) for k, v in payload.items()}
-        if pin and torch.cuda.is_available():
-            out = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in out.items()}
-        return out
-    return payload
+    if isinstance(payload, TokenBatch):
+        out = payload.build()
+    elif isinstance(payload, _Wire):
+        out = {k: torch.from_numpy(v) for k, v in payload.items()}
+    else:
+        return payload
+    if pin and torch.cuda.is_available():
+        out = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in out.items()}
+    return out

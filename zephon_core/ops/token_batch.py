@@ -78,9 +78,3 @@ class TokenBatch:
             narrow(self.tokens), self.lens, self.width, self.pad_id, self.seglens,
             self.attention, self.mask_dtype, self.flash_kwargs,
         )  # fmt: skip
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the arrays this batch ships (the tensors it builds are larger)."""
-        seg = sum(s.nbytes for s in self.seglens) if self.seglens is not None else 0
-        return self.tokens.nbytes + self.lens.nbytes + seg

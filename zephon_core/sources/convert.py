@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import posixpath
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..progress import progress_bar
 from ..validate import int_arg
 
 __all__ = ["jsonl_to_parquet"]
@@ -86,7 +88,9 @@ def jsonl_to_parquet(
     if len(set(names)) != len(names):
         raise ConfigError("jsonl_to_parquet: two inputs would write the same output name")
     written = []
-    for path, name in _progress(list(zip(paths, names)), progress):
+    show = len(paths) > 1 and sys.stderr.isatty() if progress is None else progress
+    bar = progress_bar(len(paths), "converting to Parquet", "shard", show)
+    for path, name in zip(paths, names):
         target = posixpath.join(out_dir, name)
         writer, rows = None, []
         try:
@@ -107,6 +111,8 @@ def jsonl_to_parquet(
                 out_fs.rm(target)  # no half-written shard is left to be indexed
             raise
         written.append(target)
+        bar.update(1)
+    bar.close()
     return written
 
 
@@ -129,15 +135,3 @@ def _write(pa: Any, pq: Any, writer: Any, sink: Any, rows: list[dict], path: str
         writer = pq.ParquetWriter(sink, table.schema)
     writer.write_table(table, row_group_size=max(1, len(rows)))
     return writer
-
-
-def _progress(items: list, show: bool | None) -> Any:
-    if show is False or (show is None and len(items) < 2):
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return items
-    return tqdm(
-        items, desc="converting to Parquet", unit="shard", disable=None if show is None else False
-    )

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ..progress import progress_bar
 
 __all__ = ["Shard", "list_shards", "build_index"]
 
@@ -145,7 +146,7 @@ def build_index(
     footers: dict[str, Any] = {}
     if todo:
         show = len(todo) >= PROGRESS_FROM and sys.stderr.isatty() if progress is None else progress
-        bar = _bar(len(todo), show)
+        bar = progress_bar(len(todo), "indexing Parquet footers", "shard", show)
         with ThreadPoolExecutor(min(FOOTER_THREADS, len(todo))) as pool:
             for i, (shard, md) in zip(todo, pool.map(lambda i: _read_footer(fs, *listed[i]), todo)):
                 shards[i], footers[shard.path] = shard, md
@@ -155,21 +156,3 @@ def build_index(
     if index_path and (todo or len(saved) != len(out)):
         _save(index_path, options, out)
     return out, footers
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(total: int, show: bool) -> Any:
-    if not show:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # the bar is a nicety: no tqdm, no bar
-        return _NoBar()
-    return tqdm(total=total, desc="indexing Parquet footers", unit="shard", file=sys.stderr)

@@ -518,10 +518,14 @@ class StaticMixtureLane:
 
     # -- rows ------------------------------------------------------------------------------
 
+    def _epoch_key(self, d: int, epoch: int) -> int:
+        """The key of dataset ``d``'s row permutation in ``epoch``."""
+        return derive_seed(self._src.seed, d, epoch)
+
     def _permutation(self, d: int, epoch: int) -> KeyedPermutation:
         cached = self._perm[d]
         if cached is None or cached[0] != epoch:
-            key = derive_seed(self._src.seed, d, epoch)
+            key = self._epoch_key(d, epoch)
             cached = (epoch, KeyedPermutation(self._src.lengths[d], key))
             self._perm[d] = cached
         return cached[1]
@@ -538,7 +542,7 @@ class StaticMixtureLane:
         if len(cuts) > 3 and self._blocks[d] is None:
             # a small dataset: many epochs in one pass, each under its own key
             first = int(epochs[0])
-            keys = [derive_seed(self._src.seed, d, e) for e in range(first, int(epochs[-1]) + 1)]
+            keys = [self._epoch_key(d, e) for e in range(first, int(epochs[-1]) + 1)]
             return map_many(n, keys, epochs - first, local)
         out = np.empty(size, dtype=np.int64)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
