@@ -126,3 +126,53 @@ def test_with_a_cache_transformers_attends_across_documents():
     assert model.config.use_cache
     with pytest.raises(AssertionError):
         _check_equal(model, "position_ids", batches)  # default: cache on, crosses documents
+
+
+def _padded_pipeline() -> Pipeline:
+    src = StaticMixtureWorkSource({"a": _docs(40, 1)}, chunk_size=8, seed=5)
+    return (
+        Pipeline(src, canonical_replicas=2, seed=1)
+        .fetch()
+        .map(lambda p: {"input_ids": p["ids"][:SEQ].astype(np.int32)}, name="ids")
+        .batch(batch_size=3, pad_to="longest")
+    )
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_lightning_fit_keeps_attention_inside_documents(packed, caplog):
+    """A LightningModule wrapping a Transformers model with ``use_cache=True`` and a
+    training_step that calls it plainly: ZephonDataModule turns the cache off for packed
+    rows, so the losses the module trains on are the per-document ones; padded rows keep
+    their attention mask and the model its cache."""
+    import lightning.pytorch as pl
+
+    from zephon_integrations.lightning import ZephonDataModule
+
+    class Wrapper(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = _model("llama", "sdpa")
+            self.seen: list[dict] = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append({k: v.clone() for k, v in batch.items()})
+            return self.model(**batch).loss  # no use_cache=: the config decides
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)  # weights stay as built
+
+    module = Wrapper()
+    assert module.model.config.use_cache
+    dm = ZephonDataModule(
+        pipeline=(lambda: _pipeline("position_ids")) if packed else _padded_pipeline
+    )
+    trainer = pl.Trainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="zephon_integrations"):
+        trainer.fit(module, datamodule=dm)
+    assert module.model.config.use_cache is (not packed)
+    assert ("use_cache is set to False" in caplog.text) is packed
+    if packed:
+        assert _check_equal(module.model.eval(), "position_ids", module.seen) >= 6

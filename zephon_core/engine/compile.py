@@ -31,6 +31,7 @@ from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
 from ..validate import int_arg
+from .cores import resolve_parallelism
 from .length_estimate import estimate_lengths
 from .processes import check_shippable
 
@@ -105,11 +106,11 @@ def _validate_ops(ops: list[Operator]) -> None:
                 f"operator #{i} ({op!r}) is not a zephon_core.Operator; "
                 "subclass Operator and pass it to pipe.then(op)"
             )
-        p = int_arg("parallelism", op.parallelism, minimum=1, where=f"operator {op.name!r}")
-        if p > 1 and not op.traits.stateless:
+        p = resolve_parallelism(op.parallelism, where=f"operator {op.name!r}")
+        if (p > 1 or op.parallelism == "auto") and not op.traits.stateless:
             raise ConfigError(
                 f"operator {op.name!r} keeps state, so it cannot run with "
-                f"parallelism={p}; use parallelism=1"
+                f"parallelism={op.parallelism!r}; use parallelism=1"
             )
         runner = getattr(op, "runner", "threads")
         if runner not in ("threads", "processes"):
@@ -211,6 +212,8 @@ def compile_plan(
     monotone = all(op.traits.preserves_cursor_order for op in ops)
     k = resolve_k(k, monotone)
     ops = [_fresh(op) for op in ops]  # the user's objects stay unbound
+    for op in ops:  # "auto": this process's share of the cores (a worker's, in a worker)
+        op.parallelism = resolve_parallelism(op.parallelism, where=f"operator {op.name!r}")
     batch_index = next((i for i, op in enumerate(ops) if isinstance(op, BatchOp)), None)
     user_ops = list(ops)
     replay_index = None

@@ -254,20 +254,23 @@ class Pipeline:
         validate(self.canonical_replicas, topo.dp_size, 0)
         return topo
 
-    def fetch(self, parallelism: int = 1) -> Pipeline:
+    def fetch(self, parallelism: int | str = 1) -> Pipeline:
         return self.then(FetchOp(parallelism))
 
     def map(
         self,
         fn: Callable[[Any], Any],
-        parallelism: int = 1,
+        parallelism: int | str = 1,
         name: str | None = None,
         batched: bool = False,
         runner: str = "threads",
         version: str | Callable[[], str] | None = None,
     ) -> Pipeline:
-        """``runner="processes"`` runs ``fn`` on worker processes (GIL-bound functions;
-        ``fn`` must be picklable, e.g. defined at module level). ``version`` (a string, or
+        """``parallelism``: threads (or processes) applying ``fn`` to chunks at once;
+        ``"auto"`` sizes it to this process's cores, divided among the DataLoader workers
+        when it runs in one (``engine/cores.py``). ``runner="processes"`` runs ``fn`` on
+        worker processes (GIL-bound functions; ``fn`` must be picklable, e.g. defined at
+        module level). ``version`` (a string, or
         a function returning one) names the function's behaviour in place of its
         automatic content fingerprint, which a restore compares."""
         return self.then(MapOp(fn, parallelism, name, batched, runner, version))
@@ -275,7 +278,7 @@ class Pipeline:
     def filter(
         self,
         predicate: Callable[[Any], bool],
-        parallelism: int = 1,
+        parallelism: int | str = 1,
         name: str | None = None,
         runner: str = "threads",
         version: str | Callable[[], str] | None = None,

@@ -16,7 +16,7 @@ class FetchOp(Operator):
 
     traits = OpTraits(preserves_cursor_order=True, stateless=True)
 
-    def __init__(self, parallelism: int = 1, name: str = "fetch"):
+    def __init__(self, parallelism: int | str = 1, name: str = "fetch"):
         self.parallelism = parallelism
         self.name = name
 

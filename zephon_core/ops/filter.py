@@ -21,7 +21,7 @@ class FilterOp(Operator):
     def __init__(
         self,
         predicate: Callable[[Any], bool],
-        parallelism: int = 1,
+        parallelism: int | str = 1,
         name: str | None = None,
         runner: str = "threads",
         version: str | None = None,

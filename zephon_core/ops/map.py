@@ -23,7 +23,7 @@ class MapOp(Operator):
     def __init__(
         self,
         fn: Callable[[Any], Any],
-        parallelism: int = 1,
+        parallelism: int | str = 1,
         name: str | None = None,
         batched: bool = False,
         runner: str = "threads",

@@ -28,11 +28,12 @@ from .base import Operator, OpTraits, check_tokens
 
 
 class _Bin:
-    __slots__ = ("fill", "parts")
+    __slots__ = ("fill", "parts", "lens")
 
     def __init__(self) -> None:
         self.fill = 0
         self.parts: list[Record] = []
+        self.lens: list[int] = []  # each part's token count
 
 
 class PackOp(Operator):
@@ -64,7 +65,7 @@ class PackOp(Operator):
         return new
 
     def _emit(self, b: _Bin) -> Record:
-        parts = b.parts
+        parts, lens = b.parts, b.lens
         key = self.key
         try:
             tokens = (
@@ -76,16 +77,18 @@ class PackOp(Operator):
             tokens = np.zeros((0, 0))
         if tokens.dtype.kind not in "iu" or tokens.ndim != 1:  # one check per emitted bin
             check_tokens(self, parts, key, tokens)
-        lengths = np.fromiter(
-            (len(p.payload[key]) for p in parts), dtype=np.int32, count=len(parts)
-        )
         contributors = []
-        for p in parts:
+        for p, n in zip(parts, lens):
             for c in p.contributors:
-                contributors.append(c if c.n_tokens else c._replace(n_tokens=len(p.payload[key])))
+                contributors.append(c if c[5] else c._replace(n_tokens=n))
         b.fill = 0
         b.parts = []
-        return Record({key: tokens, "segment_lengths": lengths}, parts[0].cursor, contributors)
+        b.lens = []
+        return Record(
+            {key: tokens, "segment_lengths": np.array(lens, dtype=np.int32)},
+            parts[0].cursor,
+            contributors,
+        )
 
     def process(self, record: Record) -> list[Record]:
         try:
@@ -108,6 +111,7 @@ class PackOp(Operator):
         for b in bins:
             if b.fill + n <= seq_len:
                 b.parts.append(record)
+                b.lens.append(n)
                 b.fill += n
                 return [self._emit(b)] if b.fill == seq_len else []
         fullest = bins[0]
@@ -116,6 +120,7 @@ class PackOp(Operator):
                 fullest = b
         out = self._emit(fullest)
         fullest.parts.append(record)
+        fullest.lens.append(n)
         fullest.fill = n
         return [out] if n < seq_len else [out, self._emit(fullest)]
 

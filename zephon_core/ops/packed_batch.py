@@ -15,13 +15,14 @@ next. So, for packed rows, ``batch`` emits (key by key):
   - ``"position_ids"`` (default): no ``attention_mask``. Transformers (5.x) then
     derives a per-document causal mask from the restarting ``position_ids`` for
     eager, SDPA and flex attention -- **but only when no KV cache is built**: pass
-    ``use_cache=False`` (the Zephon HF integrations set ``model.config.use_cache =
-    False`` for you). Flash-attention reads the same boundaries from
-    ``position_ids`` for a single row; with ``flash_kwargs=True`` the batch also
-    carries ``cu_seq_lens_q/k`` (int32, cumulative segment boundaries over the
-    flattened ``B * L`` tokens, each row's padding one more segment) and
-    ``max_length_q/k``, as ``DataCollatorWithFlattening`` produces them, which the
-    varlen kernels use for any batch size.
+    ``use_cache=False`` (the Zephon HF and Lightning integrations set
+    ``config.use_cache = False`` for you, ``zephon_integrations/packed_cache.py``).
+    Flash-attention reads the same boundaries from ``position_ids`` for a single
+    row; with ``flash_kwargs=True`` the batch also carries ``cu_seq_lens_q/k``
+    (int32, cumulative segment boundaries over the flattened ``B * L`` tokens, each
+    row's padding one more segment) and ``max_length_q/k``, as
+    ``DataCollatorWithFlattening`` produces them, which the varlen kernels use for
+    any batch size.
   - ``"mask_4d"``: ``attention_mask`` [B, 1, L, L], additive (0 where a token may
     attend, the dtype's minimum elsewhere), block-diagonal and causal; used as is by
     eager and SDPA attention whatever the cache. Costs ``B * L * L`` values per batch

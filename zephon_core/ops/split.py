@@ -47,32 +47,33 @@ class SplitOp(Operator):
                 f"split: record {tuple(record.cursor)} is already a fragment or a merged "
                 "record; put split() before pack() and use it once"
             )
-        c = record.contributors[0]
+        chunk_id, offset, _, _, component, _ = record.contributors[0]
         if self.bos_id is not None or self.eos_id is not None:
             payload, tokens = self._framed(record, payload, tokens)
         n = len(tokens)
         max_len = self.max_len
-        if n <= max_len:
-            return [Record(payload, record.cursor, [c._replace(n_tokens=n)])]
-        cur = record.cursor
+        if n <= max_len:  # most documents: one child, the record itself with its count
+            return [
+                Record(
+                    payload, record.cursor, [Contributor(chunk_id, offset, 0, True, component, n)]
+                )
+            ]
+        lane = record.cursor.lane
         last = (n - 1) // max_len
-        sliced = [
-            k
-            for k, v in payload.items()
-            if k != self.key and hasattr(v, "__len__") and hasattr(v, "shape") and len(v) == n
-        ]
+        key = self.key
+        sliced = [k for k, v in payload.items() if k != key and _per_token(v, n)]
         out = []
         for i in range(last + 1):
             lo, hi = i * max_len, min(n, (i + 1) * max_len)
             child = dict(payload)
-            child[self.key] = tokens[lo:hi]
+            child[key] = tokens[lo:hi]
             for k in sliced:
                 child[k] = payload[k][lo:hi]
             out.append(
                 Record(
                     child,
-                    SampleCursor(cur.lane, cur.chunk_id, cur.offset, i),
-                    [Contributor(c.chunk_id, c.offset, i, i == last, c.component, hi - lo)],
+                    SampleCursor(lane, chunk_id, offset, i),
+                    [Contributor(chunk_id, offset, i, i == last, component, hi - lo)],
                 )
             )
         return out
@@ -81,11 +82,7 @@ class SplitOp(Operator):
         """The document with ``bos_id`` before and ``eos_id`` after its tokens (a packed
         row then shows the model where each document ends, as pretraining data does)."""
         n = len(tokens)
-        side = [
-            k
-            for k, v in payload.items()
-            if k != self.key and hasattr(v, "__len__") and hasattr(v, "shape") and len(v) == n
-        ]
+        side = [k for k, v in payload.items() if k != self.key and _per_token(v, n)]
         if side:
             raise ConfigError(
                 f"split(bos_id=/eos_id=): the record at {tuple(record.cursor)} carries "
@@ -105,3 +102,8 @@ class SplitOp(Operator):
         if self.eos_id is not None:
             out["eos_id"] = self.eos_id
         return out
+
+
+def _per_token(value: object, n: int) -> bool:
+    """An array with one entry per token (cut alongside the tokens)."""
+    return hasattr(value, "shape") and hasattr(value, "__len__") and len(value) == n

@@ -37,8 +37,8 @@ from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp
 
 from ..metrics import loader_metrics
+from ..packed_cache import turn_cache_off
 from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
-from .packed import turn_cache_off
 from .rows import Feed, ZephonRows
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from transformers.trainer_utils import get_last_checkpoint
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from ..metrics import loader_metrics
+from ..packed_cache import turn_cache_off
 from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
-from .packed import turn_cache_off
 
 __all__ = ["STATE_FILE", "ZephonTrainer"]
 

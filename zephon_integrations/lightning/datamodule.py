@@ -19,6 +19,10 @@ What it takes care of (Lightning 2.x traps):
   leak into training).
 * ``train_dataloader()`` serves this rank's lanes (no DistributedSampler) through a
   loader handle the module owns; asked again within one fit, it continues the stream.
+* Packed rows told apart by ``position_ids`` (the default): every Transformers model in
+  the LightningModule gets ``config.use_cache = False`` at fit start, with a warning --
+  with a cache, Transformers lets attention cross the documents of a row
+  (``packed_cache.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from .. import rng
 from ..metrics import loader_metrics
+from ..packed_cache import turn_cache_off
 from .checkpoint_hook import ZephonCheckpointHook
 
 STATE_KEY = "zephon"
@@ -136,6 +141,9 @@ class ZephonDataModule(pl.LightningDataModule):
             self.pipeline = self._build()
             if self._restore is not None:
                 self._validate(self._restore)
+        if stage == "fit" and trainer is not None:
+            # packed rows told apart by position_ids: no KV cache (packed_cache.py)
+            turn_cache_off(getattr(trainer, "lightning_module", None), self.pipeline)
 
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)

@@ -6,8 +6,10 @@ only when no attention mask is given *and no cache is built*; with
 attention silently crosses the documents of a packed row. The Trainer sets
 ``config.use_cache = args.use_cache`` (False by default); when a user turns it on and a
 Zephon pipeline emits packed rows with ``attention="position_ids"`` (the default), the
-HF integrations turn the model's cache off for training and warn
-(``tests/integrations/test_packed_models.py`` shows both behaviours on GPT-2 and Llama).
+integrations turn the model's cache off for training and warn: the HF Trainer's model,
+and every Transformers model inside a Lightning module (``tests/integrations/
+test_packed_models.py`` shows both behaviours on GPT-2 and Llama). Shared by both
+integrations; imports neither.
 """
 
 from __future__ import annotations
@@ -29,13 +31,29 @@ def needs_cache_off(pipe: Pipeline) -> bool:
     return bool(getattr(op, "packed", False)) and getattr(op, "attention", "") == "position_ids"
 
 
+def _configs_with_cache(model: Any) -> list[Any]:
+    """The configs of ``model`` (or, for a torch module, of it and every submodule: a
+    LightningModule wraps the Transformers model) that build a KV cache."""
+    model = getattr(model, "module", model)  # DDP / accelerate wrappers
+    found = [model]
+    if callable(getattr(model, "modules", None)):
+        found += list(model.modules())
+    configs: dict[int, Any] = {}
+    for m in found:
+        config = getattr(m, "config", None)
+        if config is not None and getattr(config, "use_cache", False) is True:
+            configs[id(config)] = config
+    return list(configs.values())
+
+
 def turn_cache_off(model: Any, pipe: Pipeline) -> bool:
-    """Set ``model.config.use_cache = False`` when packed rows need it; returns whether it
-    changed anything."""
-    config = getattr(getattr(model, "module", model), "config", None)
-    if config is None or not getattr(config, "use_cache", False) or not needs_cache_off(pipe):
+    """Set ``config.use_cache = False`` on the model's Transformers configs when packed
+    rows need it; returns whether it changed anything."""
+    configs = _configs_with_cache(model) if model is not None else []
+    if not configs or not needs_cache_off(pipe):
         return False
-    config.use_cache = False
+    for config in configs:
+        config.use_cache = False
     log.warning(
         "Zephon: the pipeline packs documents into rows and marks them by position_ids; "
         "model.config.use_cache is set to False so Transformers keeps attention inside "
