@@ -259,9 +259,7 @@ class _Loader:
 
 
 def bare_loader(encode: Callable, by_id: bool, workers: int) -> _Loader:
-    return _Loader(
-        DataLoader(BareLoopDataset(encode, by_id), batch_size=None, num_workers=workers)
-    )
+    return _Loader(DataLoader(BareLoopDataset(encode, by_id), batch_size=None, num_workers=workers))
 
 
 # -- measuring -----------------------------------------------------------------------------
