@@ -102,6 +102,18 @@ def test_diff_of_two_checkpoints_names_what_differs(work):
     assert same.returncode == 0 and "same configuration" in same.stdout
 
 
+def test_diff_names_changed_content_and_refuses_a_bad_second_file(work):
+    state = codec.decode(codec.read_bytes(work / "state.zst"))
+    state["content"]["components"]["prose"] = "0" * 16  # the same config over other data
+    (work / "other_data.zst").write_bytes(codec.encode(state))
+    r = run("diff", "state.zst", "other_data.zst", cwd=work)
+    assert r.returncode == 1 and "dataset 'prose'" in r.stdout and "code" not in r.stdout
+    (work / "junk2.bin").write_bytes(b"not a checkpoint")
+    bad = run("diff", "state.zst", "junk2.bin", cwd=work)
+    assert bad.returncode == 1 and "not a readable torch checkpoint" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_diff_of_a_checkpoint_and_a_pipeline(work):
     ok = run("diff", "state.zst", "factory.py:build", cwd=work)
     assert ok.returncode == 0 and "restores" in ok.stdout

@@ -93,21 +93,27 @@ def _allowed(allow_changes: Iterable[str]) -> frozenset[str]:
     return allowed
 
 
-def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> None:
-    """Compare digests; raise on a change that is not allowed."""
-    if state.content is None:  # a version-1 state: nothing to compare
-        return
+def content_changes(saved: dict, now: dict) -> dict[str, list[str]]:
+    """Content digests that differ between a checkpoint's and a pipeline's (``data``:
+    datasets, ``functions``: map/filter functions), as sentences. Names present on one
+    side only are configuration changes, which the fingerprint reports."""
     found: dict[str, list[str]] = {"data": [], "functions": []}
     for part, kind, what in (
         ("components", "data", "dataset"),
         ("ops", "functions", "function of operator"),
     ):
-        saved, now = state.content.get(part, {}), plan.content.get(part, {})
-        for name in sorted(set(saved) & set(now)):
-            if saved[name] != now[name]:
-                found[kind].append(
-                    f"{what} {name!r} ({saved[name]} in checkpoint, {now[name]} now)"
-                )
+        a, b = saved.get(part, {}), now.get(part, {})
+        for name in sorted(set(a) & set(b)):
+            if a[name] != b[name]:
+                found[kind].append(f"{what} {name!r} ({a[name]} in checkpoint, {b[name]} now)")
+    return found
+
+
+def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> None:
+    """Compare digests; raise on a change that is not allowed."""
+    if state.content is None:  # a version-1 state: nothing to compare
+        return
+    found = content_changes(state.content, plan.content)
     refused = [(kind, items) for kind, items in found.items() if items and kind not in allowed]
     if refused:
         fixes = {

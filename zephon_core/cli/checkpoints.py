@@ -14,6 +14,7 @@ from typing import Any
 
 from ..checkpoint import codec
 from ..checkpoint.trainer_files import HF_STATE_FILE, legacy_lightning_state, lightning_entry
+from ..engine.mixture_report import dataset_totals
 from ..errors import CorruptCheckpoint
 
 
@@ -67,36 +68,31 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
     """What ``zephon inspect`` reports (JSON-able)."""
     config = state.get("config", {})
     src = config.get("source", {})
-    names = list(src.get("names", []))
-    sizes = list(src.get("lengths", []))
-    docs = [0] * len(names)
-    tokens = [0] * len(names)
-    lanes = []
-    for ls in state.get("lanes", []):
-        cursors = (ls.get("source") or {}).get("cursors", [])
-        for i, c in enumerate(cursors[: len(names)]):
-            docs[i] += c
-        for i, t in enumerate(ls.get("tokens", [])[: len(names)]):
-            tokens[i] += t
-        lanes.append(
-            {
-                "lane": ls["lane"],
-                "delivered": ls["delivered"],
-                "cursor": ls["cursor"],
-                "inflight_chunks": len(ls["chunks"]),
-                "chunk_range": [ls["floor"], ls["next_chunk"]],
-                "exhausted": ls["exhausted"],
-            }
-        )
-    total_tokens = sum(tokens) or 1
+    lanes = [
+        {
+            "lane": ls["lane"],
+            "delivered": ls["delivered"],
+            "cursor": ls["cursor"],
+            "inflight_chunks": len(ls["chunks"]),
+            "chunk_range": [ls["floor"], ls["next_chunk"]],
+            "exhausted": ls["exhausted"],
+        }
+        for ls in state.get("lanes", [])
+    ]
+    totals = dataset_totals(
+        list(src.get("names", [])),
+        list(src.get("lengths", [])),
+        [ls.get("tokens", []) for ls in state.get("lanes", [])],
+        [ls.get("source") or {} for ls in state.get("lanes", [])],
+    )
     components = {
         name: {
-            "documents": docs[i],
-            "epochs": round(docs[i] / sizes[i], 4) if i < len(sizes) and sizes[i] else None,
-            "tokens": tokens[i],
-            "token_share": round(tokens[i] / total_tokens, 4),
+            "documents": int(row["documents"]),
+            "epochs": round(row["epochs"], 4) if "epochs" in row else None,
+            "tokens": int(row["tokens"]),
+            "token_share": round(row["token_share"], 4),
         }
-        for i, name in enumerate(names)
+        for name, row in totals.items()
     }
     return {
         "format": state.get("format"),

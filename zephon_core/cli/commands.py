@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..checkpoint.fingerprint import config_diff
+from ..checkpoint.restore import content_changes
 from ..errors import ZephonError
 from .checkpoints import read_any, summary
 
@@ -125,19 +126,14 @@ def diff(a: str, b: str) -> None:
     factory (module:function). Exit code 1 when they differ."""
     try:
         sa, _ = read_any(a)
+        sb = read_any(b)[0] if Path(b).exists() else None
     except ZephonError as e:
         raise click.ClickException(str(e)) from e
-    if Path(b).exists():
-        sb, _ = read_any(b)
+    if sb is not None:
         lines = config_diff(sa.get("config"), sb.get("config"))
-        content_a, content_b = sa.get("content") or {}, sb.get("content") or {}
-        for part in ("components", "ops"):
-            ca, cb = content_a.get(part, {}), content_b.get(part, {})
-            for name in sorted(set(ca) | set(cb)):
-                if ca.get(name) != cb.get(name):
-                    lines.append(
-                        f"content of {part[:-1]} {name!r}: {ca.get(name)} vs {cb.get(name)}"
-                    )
+        # the comparison restore makes (in B, "now" is the second checkpoint)
+        changes = content_changes(sa.get("content") or {}, sb.get("content") or {})
+        lines += changes["data"] + changes["functions"]
         if not lines:
             click.echo("same configuration and content: B restores A's state exactly")
             return

@@ -20,32 +20,51 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["mixture_report", "metrics_of"]
+__all__ = ["dataset_totals", "metrics_of", "mixture_report"]
 
 
 def mixture_report(
     source: Any, tokens: Iterable[Sequence[int]], source_states: Iterable[Mapping[str, Any]]
 ) -> dict[str, dict[str, float]]:
     """Per-dataset numbers from the lanes' delivered token counters and source states."""
-    names = list(source.component_names)
+    states = list(source_states)
+    out = dataset_totals(
+        list(source.component_names), getattr(source, "lengths", None), tokens, states
+    )
+    scheduled = sum(
+        st["tokens"]
+        for st in states
+        if isinstance(st, Mapping) and isinstance(st.get("tokens"), int)
+    )
+    target = _target(source, scheduled, int(sum(row["documents"] for row in out.values())))
+    if target is not None:
+        unit = getattr(source, "weights_unit", "documents")
+        for i, row in enumerate(out.values()):
+            row[f"{unit[:-1]}_share_target"] = target[i]
+    return out
+
+
+def dataset_totals(
+    names: Sequence[str],
+    sizes: Sequence[int] | None,
+    tokens: Iterable[Sequence[int]],
+    source_states: Iterable[Mapping[str, Any]],
+) -> dict[str, dict[str, float]]:
+    """``tokens``/``token_share``, ``documents``/``document_share`` and, given the
+    datasets' sizes, ``epochs`` per dataset, summed over lanes (also what ``zephon
+    inspect`` reads from a saved state)."""
     n = len(names)
     tok = [0] * n
     for lane_tokens in tokens:
         for i, t in enumerate(lane_tokens[:n]):
             tok[i] += t
     docs = [0] * n
-    scheduled = 0
     for st in source_states:
         cursors = st.get("cursors") if isinstance(st, Mapping) else None
         if isinstance(cursors, list) and len(cursors) == n:
             for i, c in enumerate(cursors):
                 docs[i] += c
-        if isinstance(st, Mapping) and isinstance(st.get("tokens"), int):
-            scheduled += st["tokens"]
     tok_total, doc_total = sum(tok), sum(docs)
-    sizes = getattr(source, "lengths", None)
-    target = _target(source, scheduled, doc_total)
-    unit = getattr(source, "weights_unit", "documents")
     out: dict[str, dict[str, float]] = {}
     for i, name in enumerate(names):
         row = {
@@ -54,10 +73,8 @@ def mixture_report(
             "documents": float(docs[i]),
             "document_share": docs[i] / doc_total if doc_total else 0.0,
         }
-        if sizes is not None:
+        if sizes is not None and i < len(sizes) and sizes[i]:
             row["epochs"] = docs[i] / sizes[i]
-        if target is not None:
-            row[f"{unit[:-1]}_share_target"] = target[i]
         out[name] = row
     return out
 

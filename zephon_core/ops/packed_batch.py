@@ -79,13 +79,10 @@ def packed_fields(
         "position_ids": torch.from_numpy(pos),
     }
     if attention == "mask_2d":
-        seg = np.zeros((b, width), dtype=np.int64)
-        for r, row_segs in enumerate(segs):
-            at = 0
-            for k, n in enumerate(row_segs, 1):
-                seg[r, at : at + n] = k
-                at += n
-        out["attention_mask"] = torch.from_numpy((ramp[None, :] < lens[:, None]).astype(np.int64))
+        real = ramp[None, :] < lens[:, None]
+        seg = _segment_ids(pos)
+        seg[~real] = 0  # padding: segment 0
+        out["attention_mask"] = torch.from_numpy(real.astype(np.int64))
         out["segment_ids"] = torch.from_numpy(seg)
     elif attention == "mask_4d":
         out["attention_mask"] = _block_causal(pos, MASK_DTYPES[mask_dtype])
