@@ -6,10 +6,10 @@ only when no attention mask is given *and no cache is built*; with
 attention silently crosses the documents of a packed row. The Trainer sets
 ``config.use_cache = args.use_cache`` (False by default); when a user turns it on and a
 Zephon pipeline emits packed rows with ``attention="position_ids"`` (the default), the
-integrations turn the model's cache off for training and warn: the HF Trainer's model,
-and every Transformers model inside a Lightning module (``tests/integrations/
-test_packed_models.py`` shows both behaviours on GPT-2 and Llama). Shared by both
-integrations; imports neither.
+integrations turn the model's cache off for training (and back on when it ends) and
+warn: the HF Trainer's model, and every Transformers model inside a Lightning module
+(``tests/integrations/test_packed_models.py`` shows both behaviours on GPT-2 and
+Llama). Shared by both integrations; imports neither.
 """
 
 from __future__ import annotations
@@ -46,17 +46,24 @@ def _configs_with_cache(model: Any) -> list[Any]:
     return list(configs.values())
 
 
-def turn_cache_off(model: Any, pipe: Pipeline) -> bool:
+def turn_cache_off(model: Any, pipe: Pipeline) -> list[Any]:
     """Set ``config.use_cache = False`` on the model's Transformers configs when packed
-    rows need it; returns whether it changed anything."""
+    rows need it; returns the configs it changed, for ``restore_cache`` when training
+    ends (``generate()`` afterwards wants its cache back)."""
     configs = _configs_with_cache(model) if model is not None else []
     if not configs or not needs_cache_off(pipe):
-        return False
+        return []
     for config in configs:
         config.use_cache = False
     log.warning(
         "Zephon: the pipeline packs documents into rows and marks them by position_ids; "
         "model.config.use_cache is set to False so Transformers keeps attention inside "
-        "each document (with a cache it would not)"
+        "each document (with a cache it would not); it is turned back on when training ends"
     )
-    return True
+    return configs
+
+
+def restore_cache(configs: list[Any]) -> None:
+    """Turn the cache back on where ``turn_cache_off`` turned it off."""
+    for config in configs:
+        config.use_cache = True

@@ -13,20 +13,13 @@ from zephon_core.testing import assert_streams_equal, take
 
 
 def _resolved(payload: dict) -> dict:
-    """The parallelism compile() gives "auto" in the process running this map."""
-    from zephon_core.engine.compile import compile_plan
+    """The parallelism of the "auto" fetch in the plan this process runs: a DataLoader
+    worker's own (it inherits its parent's compiled plan when forked)."""
+    from torch.utils.data import get_worker_info
 
-    plan = compile_plan(
-        _auto_pipe(1).source, [_auto_map()], num_lanes=2, k=None, seed=1, prefetch=0,
-        queue_size=2, checkpointing=False,
-    )  # fmt: skip
+    info = get_worker_info()
+    plan = info.dataset.pipeline.compile()
     return {"resolved": plan.ops[0].parallelism}
-
-
-def _auto_map():
-    from zephon_core.ops.map import MapOp
-
-    return MapOp(byte_tokenize, parallelism="auto", name="auto_tok")
 
 
 def _auto_pipe(p: int | str) -> Pipeline:
@@ -48,7 +41,8 @@ def test_auto_takes_the_cores_in_process_and_keeps_the_stream():
 
 
 def test_auto_in_a_worker_is_its_share_of_the_cores():
-    pipe = Pipeline(source(4), canonical_replicas=2, seed=1).fetch().map(_resolved)
+    pipe = Pipeline(source(4), canonical_replicas=2, seed=1).fetch("auto").map(_resolved)
+    assert pipe.compile().ops[0].parallelism == usable_cores()  # the parent's plan first
     with pipe.dataloader(num_workers=2) as loader:
         seen = {out["resolved"] for out in take(loader, 4)}
     assert seen == {max(1, usable_cores() // 2)}

@@ -271,11 +271,21 @@ def test_packed_rows_turn_the_model_cache_off(tmp_path, pipeline, cache_after):
     args = make_args(tmp_path / "c", 1)
     args.use_cache = True  # the Trainer's default is False; a user may turn it on
     zephon = ZephonCallback(pipeline)
+    seen = CacheSeen()
     trainer = Trainer(
-        model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon]
+        model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon, seen]
     )
     assert model.config.use_cache
     trainer.train()
     # packed rows tell documents apart by position_ids, which Transformers honours only
     # without a KV cache (test_packed_models.py); padded rows keep their attention_mask
-    assert model.config.use_cache is cache_after
+    assert seen.during and set(seen.during) == {cache_after}
+    assert model.config.use_cache  # back on for generate() once training ended
+
+
+class CacheSeen(TrainerCallback):
+    def __init__(self):
+        self.during = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.during.append(model.config.use_cache)

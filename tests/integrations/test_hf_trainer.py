@@ -149,3 +149,33 @@ def test_zephon_metrics_are_logged_before_the_reporting_callbacks(tmp_path):
     for h, keys in zip(logged, seen.keys):
         assert 0 < h["zephon/token_share/prose"] < 1 and "zephon/token_share/prose" in keys
         assert h["zephon/documents/code"] > 0
+
+
+def test_packed_rows_train_without_the_cache_and_get_it_back(tmp_path):
+    class CacheSeen(TrainerCallback):
+        def __init__(self):
+            self.during = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.during.append(model.config.use_cache)
+
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "c"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        use_cache=True,  # the Trainer's default is False; a user may turn it on
+    )
+    seen = CacheSeen()
+    t = ZephonTrainer(model=model, args=args, pipeline=make_pipeline, callbacks=[seen])
+    assert model.config.use_cache
+    t.train()
+    # packed rows are told apart by position_ids, honoured only without a KV cache
+    assert seen.during == [False] * 3
+    assert model.config.use_cache  # back on for generate() once training ended

@@ -57,10 +57,12 @@ def _pipeline(attention: str) -> Pipeline:
     )
 
 
-def _token_losses(model, batch: dict, **kw) -> torch.Tensor:
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    with torch.no_grad():
-        logits = model(**inputs, **kw).logits
+def _token_losses(model, batch: dict, logits: torch.Tensor | None = None, **kw) -> torch.Tensor:
+    """Per-token losses of ``batch`` (from ``logits`` when the caller already ran it)."""
+    if logits is None:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        with torch.no_grad():
+            logits = model(**inputs, **kw).logits
     labels = batch["labels"][:, 1:]
     losses = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, VOCAB), labels.reshape(-1), reduction="none", ignore_index=-100
@@ -85,10 +87,10 @@ def _alone(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")
 
 
-def _check_equal(model, attention: str, batches: list[dict], **kw) -> int:
+def _check_equal(model, attention: str, batches: list[dict], logits=None, **kw) -> int:
     checked = 0
-    for batch in batches:
-        losses = _token_losses(model, batch, **kw)
+    for i, batch in enumerate(batches):
+        losses = _token_losses(model, batch, None if logits is None else logits[i], **kw)
         for r, a, b in _segments(batch):
             ids = batch["input_ids"][r, a:b]
             if len(ids) < 2 or batch["labels"][r, a + 1 : b].eq(-100).all():
@@ -138,12 +140,15 @@ def _padded_pipeline() -> Pipeline:
     )
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_lightning_fit_keeps_attention_inside_documents(packed, caplog):
-    """A LightningModule wrapping a Transformers model with ``use_cache=True`` and a
-    training_step that calls it plainly: ZephonDataModule turns the cache off for packed
-    rows, so the losses the module trains on are the per-document ones; padded rows keep
-    their attention mask and the model its cache."""
+@pytest.mark.parametrize(
+    "packed, built_in", [(True, "__init__"), (True, "configure_model"), (False, "__init__")]
+)
+def test_lightning_fit_keeps_attention_inside_documents(packed, built_in, caplog):
+    """A LightningModule wrapping a Transformers model with ``use_cache=True`` (built in
+    ``__init__``, or in ``configure_model`` as large models are) and a training_step that
+    calls it plainly: ZephonDataModule turns the cache off for packed rows, so the losses
+    the module trains on are the per-document ones; padded rows keep their attention
+    mask and the model its cache."""
     import lightning.pytorch as pl
 
     from zephon_integrations.lightning import ZephonDataModule
@@ -151,28 +156,35 @@ def test_lightning_fit_keeps_attention_inside_documents(packed, caplog):
     class Wrapper(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = _model("llama", "sdpa")
+            self.model = _model("llama", "sdpa") if built_in == "__init__" else None
             self.seen: list[dict] = []
 
+        def configure_model(self):
+            if self.model is None:
+                self.model = _model("llama", "sdpa")
+                assert self.model.config.use_cache
+
         def training_step(self, batch, batch_idx):
-            self.seen.append({k: v.clone() for k, v in batch.items()})
-            return self.model(**batch).loss  # no use_cache=: the config decides
+            out = self.model(**batch)  # no use_cache=: the config decides
+            self.seen.append((batch, out.logits.detach(), self.model.config.use_cache))
+            return out.loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.0)  # weights stay as built
 
     module = Wrapper()
-    assert module.model.config.use_cache
-    dm = ZephonDataModule(
-        pipeline=(lambda: _pipeline("position_ids")) if packed else _padded_pipeline
-    )
+    pipeline = (lambda: _pipeline("position_ids")) if packed else _padded_pipeline
+    dm = ZephonDataModule(pipeline=pipeline)
     trainer = pl.Trainer(
         max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="zephon_integrations"):
         trainer.fit(module, datamodule=dm)
-    assert module.model.config.use_cache is (not packed)
+    assert {cache for _, _, cache in module.seen} == {not packed}
     assert ("use_cache is set to False" in caplog.text) is packed
-    if packed:
-        assert _check_equal(module.model.eval(), "position_ids", module.seen) >= 6
+    assert module.model.config.use_cache  # back on for generate() once fit ended
+    if packed:  # the logits the module trained on: every document's own
+        batches = [b for b, _, _ in module.seen]
+        logits = [lg for _, lg, _ in module.seen]
+        assert _check_equal(module.model.eval(), "position_ids", batches, logits=logits) >= 6

@@ -31,7 +31,7 @@ from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
 from ..validate import int_arg
-from .cores import resolve_parallelism
+from .cores import core_share, resolve_parallelism
 from .length_estimate import estimate_lengths
 from .processes import check_shippable
 
@@ -75,6 +75,9 @@ class Plan:
     config: dict[str, Any]
     content: dict[str, dict[str, str]]
     fingerprint: str
+    #: the core share ``parallelism="auto"`` was resolved with (None: no operator asked);
+    #: a process with another share (a DataLoader worker) compiles its own plan
+    auto_share: int | None = None
 
     def explain(self) -> str:
         lines = []
@@ -212,6 +215,7 @@ def compile_plan(
     monotone = all(op.traits.preserves_cursor_order for op in ops)
     k = resolve_k(k, monotone)
     ops = [_fresh(op) for op in ops]  # the user's objects stay unbound
+    auto_share = core_share() if any(op.parallelism == "auto" for op in ops) else None
     for op in ops:  # "auto": this process's share of the cores (a worker's, in a worker)
         op.parallelism = resolve_parallelism(op.parallelism, where=f"operator {op.name!r}")
     batch_index = next((i for i, op in enumerate(ops) if isinstance(op, BatchOp)), None)
@@ -262,4 +266,5 @@ def compile_plan(
         config=config,
         content=content,
         fingerprint=fingerprint(config),
+        auto_share=auto_share,
     )

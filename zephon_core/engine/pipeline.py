@@ -48,6 +48,7 @@ from ..ops import (
 from ..sources.base import SourceSpec
 from ..validate import bool_arg, int_arg, number_arg
 from .compile import Plan, compile_plan
+from .cores import core_share
 from .handle import PipelineIterator, StreamHandle
 from .run import initial_state
 from .torch_data import ZephonDataLoader, ZephonIterableDataset
@@ -337,8 +338,11 @@ class Pipeline:
 
     # -- planning -------------------------------------------------------------------
     def compile(self) -> Plan:
-        """The compiled plan (cached: a description never changes)."""
-        if self._plan is None:
+        """The compiled plan (cached: a description never changes; a plan whose
+        ``parallelism="auto"`` was sized for another core share -- a forked DataLoader
+        worker inherits its parent's -- is compiled again)."""
+        plan = self._plan
+        if plan is None or (plan.auto_share is not None and plan.auto_share != core_share()):
             self._set(
                 _plan=compile_plan(
                     self.source,

@@ -37,7 +37,7 @@ from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp
 
 from ..metrics import loader_metrics
-from ..packed_cache import turn_cache_off
+from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
 from .rows import Feed, ZephonRows
 
@@ -94,6 +94,7 @@ class ZephonCallback(TrainerCallback):
         self._outputs_per_micro_step = 0
         self._rng_from: str | None = None
         self._saved: tuple[int, dict[str, Any] | None] | None = None  # (step, merged state)
+        self._cache_off: list[Any] = []  # model configs whose KV cache training turned off
 
     # -- setup --------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -149,7 +150,7 @@ class ZephonCallback(TrainerCallback):
                 "or accelerator_config={'dispatch_batches': False}, or "
                 "ZephonTrainer"
             )
-        turn_cache_off(kwargs.get("model"), pipe)
+        self._cache_off = turn_cache_off(kwargs.get("model"), pipe)
         if layout.own_lanes:  # TP/CP peers share a data-parallel index and get the same lanes
             pipe = pipe.bind(
                 rank=args.process_index,
@@ -246,6 +247,8 @@ class ZephonCallback(TrainerCallback):
         return loader_metrics(self.loader)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        restore_cache(self._cache_off)  # generate() after training wants it
+        self._cache_off = []
         self.train_dataset.close()
         if self.loader is not None:
             self.loader.close()

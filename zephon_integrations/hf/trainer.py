@@ -20,7 +20,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from ..metrics import loader_metrics
-from ..packed_cache import turn_cache_off
+from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
 
 __all__ = ["STATE_FILE", "ZephonTrainer"]
@@ -53,6 +53,7 @@ class ZephonTrainer(Trainer):
         self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
         self._zephon_served = 0  # batches of the current loader that reached training_step
         self._zephon_rng_from: str | None = None
+        self._zephon_cache_off: list[Any] = []  # configs whose KV cache train() turned off
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's logs plus the ``zephon/*`` mixture metrics, before any reporting
@@ -72,7 +73,7 @@ class ZephonTrainer(Trainer):
         if self.zephon_loader is not None:
             self.zephon_loader.close()
         self._zephon_served = 0
-        turn_cache_off(self.model, self._zephon())
+        self._zephon_cache_off += turn_cache_off(self.model, self._zephon())
         restore, self._zephon_restore = self._zephon_restore, None
         self.zephon_loader = (
             self._zephon()
@@ -115,6 +116,8 @@ class ZephonTrainer(Trainer):
         finally:
             if self.zephon_loader is not None:
                 self.zephon_loader.close()  # its state stays readable
+            restore_cache(self._zephon_cache_off)  # generate() after training wants it
+            self._zephon_cache_off = []
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         # the state right after the batches the saved optimizer steps consumed; merged

@@ -16,7 +16,10 @@ the data would restart from its first batch with no warning. So
   releases, under any top-level entry holding ``{"zephon": <pipeline state>}`` -- and
   hands it to the datamodule; a resumed ``fit`` (``global_step > 0``) whose checkpoint
   holds none raises :class:`~zephon_core.MissingCheckpointState`, unless the datamodule
-  was built with ``allow_fresh_start=True``.
+  was built with ``allow_fresh_start=True``;
+* at fit start (after the LightningModule's ``setup`` and ``configure_model``, where
+  large models are built) has the datamodule turn the KV cache off for packed rows, and
+  back on when fit ends or fails (``zephon_integrations/packed_cache.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ class ZephonCheckpointHook(pl.Callback):
 
     def __init__(self, datamodule: ZephonDataModule):
         self.datamodule = datamodule
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        # after every setup hook and configure_model(): models built there exist now
+        self.datamodule._turn_cache_off(pl_module)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.datamodule._restore_cache()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
+        self.datamodule._restore_cache()
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]

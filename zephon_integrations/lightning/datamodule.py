@@ -20,7 +20,8 @@ What it takes care of (Lightning 2.x traps):
 * ``train_dataloader()`` serves this rank's lanes (no DistributedSampler) through a
   loader handle the module owns; asked again within one fit, it continues the stream.
 * Packed rows told apart by ``position_ids`` (the default): every Transformers model in
-  the LightningModule gets ``config.use_cache = False`` at fit start, with a warning --
+  the LightningModule -- also one built in its ``setup`` or ``configure_model`` -- gets
+  ``config.use_cache = False`` at fit start, with a warning, and it back at fit end --
   with a cache, Transformers lets attention cross the documents of a row
   (``packed_cache.py``).
 """
@@ -39,7 +40,7 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from .. import rng
 from ..metrics import loader_metrics
-from ..packed_cache import turn_cache_off
+from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_hook import ZephonCheckpointHook
 
 STATE_KEY = "zephon"
@@ -119,6 +120,7 @@ class ZephonDataModule(pl.LightningDataModule):
         self._rng_pending: dict[str, Any] | None = None
         self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
+        self._cache_off: list[Any] = []  # model configs whose KV cache fit turned off
 
     # -- building -------------------------------------------------------------------
     def _build(self) -> Pipeline:
@@ -141,9 +143,17 @@ class ZephonDataModule(pl.LightningDataModule):
             self.pipeline = self._build()
             if self._restore is not None:
                 self._validate(self._restore)
-        if stage == "fit" and trainer is not None:
-            # packed rows told apart by position_ids: no KV cache (packed_cache.py)
-            turn_cache_off(getattr(trainer, "lightning_module", None), self.pipeline)
+
+    def _turn_cache_off(self, module: Any) -> None:
+        """Packed rows told apart by position_ids: no KV cache (``packed_cache.py``);
+        called by the hook at fit start, once every model of the module exists, and
+        undone at fit end (``_restore_cache``)."""
+        if self.pipeline is not None:
+            self._cache_off = turn_cache_off(module, self.pipeline)
+
+    def _restore_cache(self) -> None:
+        restore_cache(self._cache_off)
+        self._cache_off = []
 
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)
