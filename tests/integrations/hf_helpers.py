@@ -96,3 +96,13 @@ def reference_rows(n: int, rows: slice) -> list[str]:
         out.append(fingerprint({k: batch[k][rows] for k in KEYS if k in batch}))
     p.close()
     return out
+
+
+class CacheSeen(TrainerCallback):
+    """Records ``model.config.use_cache`` at every optimizer step."""
+
+    def __init__(self):
+        self.during: list[bool] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.during.append(model.config.use_cache)

@@ -13,7 +13,15 @@ import shutil
 
 import pytest
 from helpers import byte_tokenize, source
-from hf_helpers import CrashAt, LossLog, make_pipeline, ragged_pipeline, reference, tiny_model
+from hf_helpers import (
+    CacheSeen,
+    CrashAt,
+    LossLog,
+    make_pipeline,
+    ragged_pipeline,
+    reference,
+    tiny_model,
+)
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from zephon_core import ConfigError, MissingCheckpointState, Pipeline
@@ -281,11 +289,3 @@ def test_packed_rows_turn_the_model_cache_off(tmp_path, pipeline, cache_after):
     # without a KV cache (test_packed_models.py); padded rows keep their attention_mask
     assert seen.during and set(seen.during) == {cache_after}
     assert model.config.use_cache  # back on for generate() once training ended
-
-
-class CacheSeen(TrainerCallback):
-    def __init__(self):
-        self.during = []
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.during.append(model.config.use_cache)

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from hf_helpers import CrashAt, fingerprint, make_pipeline, reference
+from hf_helpers import CacheSeen, CrashAt, fingerprint, make_pipeline, reference
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
 from zephon_core import ConfigError, MissingCheckpointState
@@ -119,6 +119,20 @@ def test_resume_reproduces_losses_with_dropout(tmp_path):
     assert tail_losses == full_losses[6:]
 
 
+def _short_run(out, callbacks, **args) -> ZephonTrainer:
+    """A tiny GPT-2 trained by ZephonTrainer on the reference pipeline, nothing saved."""
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
+    )
+    args = TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, save_strategy="no",
+        report_to=[], use_cpu=True, disable_tqdm=True, **args,
+    )  # fmt: skip
+    t = ZephonTrainer(model=model, args=args, pipeline=make_pipeline, callbacks=callbacks)
+    t.train()
+    return t
+
+
 def test_zephon_metrics_are_logged_before_the_reporting_callbacks(tmp_path):
     class Keys(TrainerCallback):
         def __init__(self):
@@ -128,22 +142,8 @@ def test_zephon_metrics_are_logged_before_the_reporting_callbacks(tmp_path):
             if logs and "loss" in logs:
                 self.keys.append(set(logs))
 
-    model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
-    )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "m"),
-        max_steps=4,
-        per_device_train_batch_size=4,
-        logging_steps=2,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
     seen = Keys()
-    t = ZephonTrainer(model=model, args=args, pipeline=make_pipeline, callbacks=[seen])
-    t.train()
+    t = _short_run(tmp_path / "m", [seen], max_steps=4, logging_steps=2)
     logged = [h for h in t.state.log_history if "loss" in h]
     assert len(logged) == 2 and len(seen.keys) == 2
     for h, keys in zip(logged, seen.keys):
@@ -152,30 +152,9 @@ def test_zephon_metrics_are_logged_before_the_reporting_callbacks(tmp_path):
 
 
 def test_packed_rows_train_without_the_cache_and_get_it_back(tmp_path):
-    class CacheSeen(TrainerCallback):
-        def __init__(self):
-            self.during = []
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            self.during.append(model.config.use_cache)
-
-    model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=256, n_positions=128, n_embd=16, n_layer=1, n_head=2)
-    )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "c"),
-        max_steps=3,
-        per_device_train_batch_size=4,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        use_cache=True,  # the Trainer's default is False; a user may turn it on
-    )
     seen = CacheSeen()
-    t = ZephonTrainer(model=model, args=args, pipeline=make_pipeline, callbacks=[seen])
-    assert model.config.use_cache
-    t.train()
+    # use_cache=True: the Trainer's default is False; a user may turn it on
+    t = _short_run(tmp_path / "c", [seen], max_steps=3, use_cache=True)
     # packed rows are told apart by position_ids, honoured only without a KV cache
     assert seen.during == [False] * 3
-    assert model.config.use_cache  # back on for generate() once training ended
+    assert t.model.config.use_cache  # back on for generate() once training ended
