@@ -165,14 +165,18 @@ def finite_pipeline(prefetch: int = 2) -> Pipeline:
     )
 
 
+def small_packed(pipe: Pipeline, shuffle: int | None = None) -> Pipeline:
+    """``pipe`` -> fetch -> byte tokens -> split 64 -> [shuffle] -> pack 64 (2 bins) ->
+    batches of 2: the small token tail of the source tests."""
+    pipe = pipe.fetch().map(byte_tokenize, name="tok").split(max_len=64)
+    if shuffle is not None:
+        pipe = pipe.shuffle(buffer_size=shuffle)
+    return pipe.pack(seq_len=64, bins=2).batch(batch_size=2)
+
+
 def parquet_pipe(comp, shuffle_block=None, **pipe_kw) -> Pipeline:
     """A small token pipeline over one component (``parquet_component``, ...) as ``docs``."""
     src = StaticMixtureWorkSource({"docs": comp}, chunk_size=8, seed=3, shuffle_block=shuffle_block)
-    return (
+    return small_packed(
         Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1, **pipe_kw)
-        .fetch()
-        .map(byte_tokenize, name="tok")
-        .split(max_len=64)
-        .pack(seq_len=64, bins=2)
-        .batch(batch_size=2)
     )

@@ -9,7 +9,7 @@ from helpers import byte_tokenize, source
 from zephon_core import Pipeline
 from zephon_core.engine.cores import usable_cores
 from zephon_core.errors import ConfigError
-from zephon_core.testing import assert_streams_equal, take
+from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 
 def _resolved(payload: dict) -> dict:
@@ -49,6 +49,16 @@ def test_auto_in_a_worker_is_its_share_of_the_cores():
     with _auto_pipe("auto").dataloader(num_workers=2) as loader:
         got = take(loader, 12)
     assert_streams_equal(got, take(_auto_pipe(1), 12))
+
+
+@pytest.mark.parametrize("workers, resume_workers", [(0, 0), (2, 0), (0, 2)])
+def test_auto_resumes_exactly_across_processes_with_other_shares(workers, resume_workers):
+    """Cut in one process layout, resumed in another (where "auto" resolves to another
+    number of threads): the stream continues exactly."""
+    assert_resume_equivalent(
+        lambda: _auto_pipe("auto"), [0, 3, 11], total=20,
+        num_workers=workers, resume_num_workers=resume_workers,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", [0, "many", 1.5])

@@ -142,13 +142,18 @@ def _live_pumps(before: set[threading.Thread]) -> list[threading.Thread]:
     ]
 
 
-def test_close_is_idempotent_and_stops_the_pump_thread():
-    before = set(threading.enumerate())
+def _pumping(n: int):
+    """A reference pipeline iterated ``n`` outputs: (pipeline, iterator, its pump thread)."""
     pipe = reference_pipeline(prefetch=3)
     it = iter(pipe)
-    for _ in range(20):
+    for _ in range(n):
         next(it)
-    pump_thread = it.run.pump._thread
+    return pipe, it, it.run.pump._thread
+
+
+def test_close_is_idempotent_and_stops_the_pump_thread():
+    before = set(threading.enumerate())
+    pipe, it, pump_thread = _pumping(20)
     assert pump_thread.is_alive()
     assert _live_pumps(before) == [pump_thread]
     pipe.close()
@@ -166,11 +171,7 @@ def test_pumps_left_running_are_stopped_at_interpreter_exit():
     from zephon_core.engine import pump
 
     before = set(threading.enumerate())
-    pipe = reference_pipeline(prefetch=3)
-    it = iter(pipe)
-    for _ in range(5):
-        next(it)
-    pump_thread = it.run.pump._thread
+    pipe, it, pump_thread = _pumping(5)
     assert pump_thread in _live_pumps(before) and it.run.pump in pump._live
     pump.stop_live_pumps()  # what atexit runs
     assert not pump_thread.is_alive() and it.run.pump not in pump._live

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import CODE, PROSE, byte_tokenize
+from helpers import CODE, PROSE, small_packed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -201,14 +201,8 @@ def _pipe(block=16, window=3, lanes=4, data=None, **kw) -> Pipeline:
         shuffle_block=block,
         shuffle_window=window,
     )
-    return (
-        Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, seed=1, **kw)
-        .fetch()
-        .map(byte_tokenize, name="tok")
-        .split(max_len=64)
-        .shuffle(buffer_size=8)
-        .pack(seq_len=64, bins=2)
-        .batch(batch_size=2)
+    return small_packed(
+        Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, seed=1, **kw), shuffle=8
     )
 
 

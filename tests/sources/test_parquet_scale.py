@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import byte_tokenize, parquet_pipe
+from helpers import parquet_pipe, small_packed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -176,14 +176,8 @@ def test_random_cuts_resume_exactly_on_parquet_blocks(corpus, cuts, lanes, windo
             shuffle_block="row_group",
             shuffle_window=window,
         )
-        return (
-            Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, seed=1)
-            .fetch()
-            .map(byte_tokenize, name="tok")
-            .split(max_len=64)
-            .shuffle(buffer_size=4)
-            .pack(seq_len=64, bins=2)
-            .batch(batch_size=2)
+        return small_packed(
+            Pipeline(src, canonical_replicas=lanes, flush_every_k_chunks=2, seed=1), shuffle=4
         )
 
     assert_resume_equivalent(build, sorted(cuts), total=70)
