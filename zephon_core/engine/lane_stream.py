@@ -36,6 +36,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from time import perf_counter
 from typing import Any, NamedTuple
 
+from ..checkpoint.remix import prior_targets
 from ..checkpoint.state import Delivery, LaneState, plain_copy
 from ..checkpoint.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
@@ -131,8 +132,10 @@ class LaneStream:
         if self.compact_outputs and i == self.plan.batch_index == len(self.plan.ops) - 1:
             op.compact = True  # the consumer builds the batch's tensors (token_batch.py)
         prior = self.prior
-        if prior is not None and segment_start < prior[0] and op.reads_source_weights:
-            op.set_targets(prior[1])
+        if prior is not None and segment_start < prior.chunk and op.mixture_keys:
+            targets = prior_targets(prior, op)
+            if targets is not None:
+                op.set_targets(targets)
         return op
 
     def _source_state(self) -> dict:
