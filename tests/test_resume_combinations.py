@@ -30,6 +30,16 @@ def add_one(p):
     return {**p, "input_ids": (p["input_ids"] + 1).astype(p["input_ids"].dtype)}
 
 
+def bump_batch(b):
+    """A map after batch: adds 1 to the batch's token ids."""
+    return {**b, "input_ids": b["input_ids"] + 1}
+
+
+def keep_most_batches(b):
+    """A filter after batch: drops ~1/4 of the batches, from their tokens."""
+    return int(b["input_ids"].sum()) % 4 != 0
+
+
 STEPS = {
     "tok": lambda pipe, par: pipe.map(byte_tokenize, parallelism=par, name="tokenize"),
     "filter": lambda pipe, par: pipe.filter(keep70, parallelism=par),
@@ -41,8 +51,24 @@ STEPS = {
     "batch_drop": lambda pipe, par: pipe.batch(3, drop_last=True),
     "batch_keep": lambda pipe, par: pipe.batch(3, drop_last=False),
     "batch_longest": lambda pipe, par: pipe.batch(2, drop_last=False, pad_to="longest"),
+    # stateless operators after batch (with par > 1 a parallel stage follows it)
+    "post_map": lambda pipe, par: pipe.map(bump_batch, parallelism=par, name="post_map"),
+    "post_filter": lambda pipe, par: pipe.filter(
+        keep_most_batches, parallelism=par, name="post_filter"
+    ),
 }
-MONOTONE_STEPS = {"tok", "filter", "map2", "split", "batch_drop", "batch_keep", "batch_longest"}
+MONOTONE_STEPS = {
+    "tok",
+    "filter",
+    "map2",
+    "split",
+    "batch_drop",
+    "batch_keep",
+    "batch_longest",
+    "post_map",
+    "post_filter",
+}
+POST_BATCH = ["post_map", "post_filter"]
 
 CHAINS = {
     # each operator alone (after fetch, and a tokenizer where it needs tokens)
@@ -70,6 +96,9 @@ CHAINS = {
     "mix_before_pack": ["tok", "split", "mix", "pack", "shuffle", "batch_keep"],
     "filter_after_pack": ["tok", "split", "pack", "filter", "map2", "mix"],
     "unpacked_batches": ["tok", "filter", "shuffle", "mix", "batch_longest"],
+    # after batch: its partial batch held over a flush while a parallel stage runs ahead
+    "parallel_after_batch": ["tok", "split", "shuffle", "batch_drop", "post_map"],
+    "mix_batch_filter_map": ["tok", "split", "mix", "batch_drop", "post_filter", "post_map"],
 }
 
 
@@ -197,6 +226,13 @@ def test_resume_with_k_and_lanes_sweep(chain):
         assert_resume_equivalent(build, [0, 1, total // 4, total // 2, total - 1], total)
 
 
+def test_parallel_stage_after_batch_in_dataloader_workers():
+    """The same chain through DataLoader workers (the batch's tensors are built in the
+    worker, not by the training process, when an operator follows batch)."""
+    build, _ = build_fn("parallel_after_batch", lanes=4, k=2, parallelism=2)
+    assert_resume_equivalent(build, [0, 3, 13, 30], 40, num_workers=2)
+
+
 # -- finite streams: cuts at and after the end -------------------------------------
 
 
@@ -217,7 +253,14 @@ def _small_source(num_epochs=1, chunk_size=3):
 
 @pytest.mark.parametrize(
     "chain",
-    ["map_filter_split", "to_pack", "full_drop_last", "full_keep_last", "shuffle_then_pack"],
+    [
+        "map_filter_split",
+        "to_pack",
+        "full_drop_last",
+        "full_keep_last",
+        "shuffle_then_pack",
+        "mix_batch_filter_map",
+    ],
 )
 @pytest.mark.parametrize(("lanes", "k", "prefetch"), [(1, 2, 0), (3, 1, 2)])
 def test_resume_finite_stream(chain, lanes, k, prefetch):

@@ -4,8 +4,10 @@ does not depend on the runtime knobs (parallelism, prefetch, queue_size).
 Sources weigh by documents or by tokens (lengths estimated by the pipeline) and shuffle
 rows over the epoch or by blocks. Chains
 are random subsets and orders of map/filter/split/pack/shuffle/ensure_mixture
-(after fetch and a tokenizer) with an optional batch at the end. Validity: pack needs
-token fragments no longer than its seq_len, so a split always precedes a pack.
+(after fetch and a tokenizer) with an optional batch, followed by up to two of the
+stateless operators allowed after it (a map, a filter; parallel when the drawn
+parallelism is). Validity: pack needs token fragments no longer than its seq_len, so a
+split always precedes a pack.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from helpers import source
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_resume_combinations import MONOTONE_STEPS, STEPS
+from test_resume_combinations import MONOTONE_STEPS, POST_BATCH, STEPS
 
 from zephon_core import Pipeline
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
@@ -41,7 +43,10 @@ def chains(draw):
             i, j = ops.index("pack"), ops.index("split")
             ops[i], ops[j] = ops[j], ops[i]
     batch = draw(st.sampled_from(BATCHES))
-    return ["tok", *ops] + ([batch] if batch else [])
+    if batch is None:
+        return ["tok", *ops]
+    after = draw(st.lists(st.sampled_from(POST_BATCH), unique=True, max_size=2))
+    return ["tok", *ops, batch, *draw(st.permutations(after))]
 
 
 @st.composite

@@ -13,7 +13,8 @@ import pytest
 from helpers import CODE, PROSE, byte_tokenize, make_docs
 
 from zephon_core import IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
-from zephon_core.testing import assert_streams_equal, take
+from zephon_core.errors import CorruptCheckpoint
+from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 MATH = make_docs(70, 5, 300, 3, "m")
 DATA = {"prose": PROSE, "code": CODE, "math": MATH}
@@ -186,7 +187,8 @@ def test_reordered_datasets_are_refused():
         )
 
 
-def _ensured(weights: dict) -> Pipeline:
+def _ensured(weights: dict, targets=None) -> Pipeline:
+    """ensure_mixture with the source's weights, or its own ``targets``."""
     src = StaticMixtureWorkSource(
         {n: DATA[n] for n in weights}, weights, chunk_size=8, seed=SEED, shuffle=False
     )
@@ -194,7 +196,7 @@ def _ensured(weights: dict) -> Pipeline:
         Pipeline(src, canonical_replicas=LANES, flush_every_k_chunks=2, seed=5)
         .fetch()
         .map(byte_tokenize, name="tok")
-        .ensure_mixture(window=6)
+        .ensure_mixture(targets, window=6)
     )
 
 
@@ -270,3 +272,86 @@ def test_remix_through_dataloader_workers_matches_in_process():
     with build(new) as again:
         again.load_state_dict(mid)
         assert_streams_equal(take(again, 12), expected[12:], "resume of the loader's state")
+
+
+# -- ensure_mixture(weights=...) changes at a re-mix too -------------------------------
+
+OWN_TARGETS = {  # form: (targets before, targets naming the added dataset)
+    "list": ([0.2, 0.8], [0.2, 0.3, 0.5]),
+    "mapping": ({"prose": 0.2, "code": 0.8}, {"prose": 0.2, "code": 0.3, "math": 0.5}),
+}
+
+
+@pytest.mark.parametrize("form", ["list", "mapping"])
+def test_added_dataset_with_ensure_mixture_weights(form):
+    """The rebuilt pipeline's ensure_mixture(weights=...) names the added dataset: the
+    restore re-mixes, the segments begun before it replay under the old targets (nothing
+    twice, nothing skipped), and the re-mixed run's own checkpoints resume exactly."""
+    old, new = {"prose": 0.7, "code": 0.3}, {"prose": 0.4, "code": 0.3, "math": 0.3}
+    before_targets, new_targets = OWN_TARGETS[form]
+    with _ensured(old, before_targets) as pipe:
+        before = take(pipe, 11)
+        state = pipe.checkpoint()
+    with pytest.raises(IncompatibleCheckpoint, match="allow_changes=\\{'weights', 'components'\\}"):
+        _ensured(new, new_targets).load_state_dict(state)
+
+    def remixed() -> Pipeline:
+        pipe = _ensured(new, new_targets)
+        pipe.load_state_dict(state, allow_changes={"weights", "components"})
+        return pipe
+
+    with remixed() as pipe:
+        after = take(pipe, 45)
+    _check_positions(before + after, list(new), slack=LANES * 6)
+    assert any(o["id"][0] == "m" for o in after)
+    assert_resume_equivalent(remixed, [0, 1, 3, 7, 16, 30], 45)
+
+
+def test_changed_ensure_mixture_weights_alone_remix_exactly():
+    weights = {"prose": 0.7, "code": 0.3}
+    with _ensured(weights, [0.2, 0.8]) as pipe:
+        before = take(pipe, 17)  # a cut whose replay the new targets would reorder
+        state = pipe.checkpoint()
+
+    def remixed() -> Pipeline:
+        pipe = _ensured(weights, [0.9, 0.1])
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        return pipe
+
+    with remixed() as pipe:
+        after = take(pipe, 30)
+    _check_positions(before + after, list(weights), slack=LANES * 6)
+    assert_resume_equivalent(remixed, [0, 2, 5, 11, 20], 30)
+
+
+def test_prior_without_operator_targets_still_restores():
+    """States written before the prior named each operator's targets: operators that read
+    the source weights take the prior's source targets."""
+    old, new = {"prose": 0.7, "code": 0.3}, {"prose": 0.2, "code": 0.8}
+    with _ensured(old) as pipe:
+        take(pipe, 11)
+        state = pipe.checkpoint()
+    remixed = state_after_remix_ensured(state, new)
+    lanes = [ls for ls in remixed["lanes"] if "prior" in ls]
+    assert lanes and all(len(ls["prior"]) == 3 for ls in lanes)
+    for ls in lanes:
+        ls["prior"] = ls["prior"][:2]  # the earlier form: [chunk, [source targets]]
+    with _ensured(new) as a, _ensured(new) as b:
+        a.load_state_dict(state_after_remix_ensured(state, new))
+        b.load_state_dict(remixed)
+        assert_streams_equal(take(a, 20), take(b, 20), "prior in the earlier form")
+
+
+@pytest.mark.parametrize(
+    ("targets", "match"),
+    [({"nope": [0.5, 0.5]}, "'nope'"), ({"ensure_mixture": [1.0]}, "must be 2 weights")],
+)
+def test_prior_with_foreign_operator_targets_is_corrupt(targets, match):
+    with _ensured({"prose": 0.7, "code": 0.3}) as pipe:
+        take(pipe, 11)
+        state = pipe.checkpoint()
+    remixed = state_after_remix_ensured(state, {"prose": 0.2, "code": 0.8})
+    ls = next(ls for ls in remixed["lanes"] if "prior" in ls)
+    ls["prior"][2] = targets
+    with pytest.raises(CorruptCheckpoint, match=match), _ensured({"prose": 0.2, "code": 0.8}) as p:
+        p.load_state_dict(remixed)

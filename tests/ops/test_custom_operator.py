@@ -118,6 +118,28 @@ class LeakyFlush(LengthSortBuffer):
         return held[:-1]
 
 
+class PairUp(Operator):
+    """BROKEN: releases records in pairs and keeps an odd one over flushes (as
+    ``batch(drop_last=True)`` keeps its partial batch), but its ``finish()`` -- the
+    default, ``flush()`` -- drops that record without a tombstone at the end."""
+
+    traits = OpTraits(preserves_cursor_order=False, holds_across_flush=True)
+
+    def __init__(self, name: str = "pair_up"):
+        self.name = name
+        self._odd: list[Record] = []
+
+    def process(self, record):
+        if not self._odd:
+            self._odd = [record]
+            return []
+        pair, self._odd = [*self._odd, record], []
+        return pair
+
+    def held(self):
+        return list(self._odd)
+
+
 def _tokenize_ids(p):
     return {"input_ids": p["input_ids"], "id": p["id"]}
 
@@ -154,6 +176,26 @@ def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch
     assert len(out) == total
     report = assert_resume_equivalent(fn, [0, 1, 7, 20, 33, 45, 59, total], total)
     assert max(report.chunks_replayed) <= lanes * (k + 2)  # bounded replay
+
+
+def _next_ids(batch):
+    return {**batch, "input_ids": batch["input_ids"] + 1}
+
+
+@pytest.mark.parametrize("factory", [LengthSortBuffer, SeededReservoir])
+def test_buffering_operator_then_batch_then_parallel_map(factory):
+    """batch(drop_last=True) keeps its partial batch over a flush while the parallel map
+    after it pulls the next segment through it: nothing is reported lost, and cuts
+    resume exactly."""
+
+    def fn():
+        # 3 records per epoch: batch(2) keeps one over every other flush
+        pipe = build(factory, lanes=2, k=1, chunk_size=3, batch=True)()
+        return pipe.map(_next_ids, parallelism=3, name="after_batch")
+
+    assert fn().compile().stages[-1].runner == "threads"
+    report = assert_resume_equivalent(fn, [0, 1, 6, 13, 22, 35], 45)
+    assert report.total == 45
 
 
 def test_stateless_custom_operator_runs_on_threads():
@@ -225,6 +267,18 @@ def test_order_keeping_rng_counter_is_caught(cut):
 def test_flush_that_keeps_data_is_a_contract_violation():
     with pytest.raises(ContractViolation, match="length_sort"):
         run(build(LeakyFlush, k=1)(), 40)
+
+
+def test_record_held_at_the_end_is_a_contract_violation():
+    """What a holds_across_flush operator still holds when the stream ends is lost: it
+    must emit or tombstone it in finish() (41 + 30 rows: one is left at the end)."""
+    pipe = (
+        Pipeline(token_source(n_a=41, num_epochs=1), flush_every_k_chunks=2, seed=3)
+        .fetch()
+        .then(PairUp())
+    )
+    with pytest.raises(ContractViolation, match=r"end of the stream.*finish\(\).*pair_up"):
+        run(pipe, 10_000)
 
 
 # -- divergence must surface as ReplayDivergence ------------------------------------

@@ -21,24 +21,25 @@ in the inflight chunks; they must be read to replay exactly, so such a restore i
 refused with the fix: keep the dataset with weight 0 for this restore (nothing new is
 read from it) and drop it at a later checkpoint, once its inflight chunks are gone.
 
-Operators that use the source weights themselves (``ensure_mixture`` without its own
-``weights=``) keep the old targets in every flush segment that started before the first
-re-mixed chunk (the lane state's ``prior``), so their replay repeats the delivered
-order exactly; later segments follow the new weights. A second re-mix waits until each
-lane has passed a flush since the first.
+Operators with mixture targets (``ensure_mixture``: the source weights, or its own
+``weights=``, which a re-mix may change too -- e.g. to name an added dataset) keep their
+old targets in every flush segment that started before the first re-mixed chunk (the
+lane state's ``prior``), so their replay repeats the delivered order exactly; later
+segments follow the new targets. A second re-mix waits until each lane has passed a
+flush since the first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import IncompatibleCheckpoint
+from ..errors import ConfigError, IncompatibleCheckpoint
 from ..sources.chunk import WorkChunk
 from .fingerprint import config_diff
-from .state import LaneState, PipelineState
+from .state import LaneState, PipelineState, Prior
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,11 @@ log = logging.getLogger(__name__)
 REMIX_CHANGES = frozenset({"weights", "components"})
 
 
-def mixture_only_diff(saved: Mapping[str, Any], current: Mapping[str, Any], source: Any):
-    """(other differences, mixture differences, component differences) of two configs."""
+def mixture_only_diff(
+    saved: Mapping[str, Any], current: Mapping[str, Any], source: Any, ops: Sequence[Any] = ()
+):
+    """(other differences, mixture differences, component differences) of two configs;
+    ``ops``: the operators of ``current`` (their ``mixture_keys`` are mixture too)."""
     mix_keys = getattr(source, "MIXTURE_KEYS", frozenset())
     comp_keys = getattr(source, "COMPONENT_KEYS", frozenset())
     other, mix, comp = [], [], []
@@ -55,13 +59,36 @@ def mixture_only_diff(saved: Mapping[str, Any], current: Mapping[str, Any], sour
         path = line.split(":", 1)[0]
         head = path.split(".")
         key = head[1].split("[", 1)[0] if len(head) > 1 and head[0] == "source" else None
-        if key in comp_keys:
+        if _op_mixture_key(head, current, ops):
+            mix.append(line)
+        elif key in comp_keys:
             comp.append(line)
         elif key in mix_keys:
             mix.append(line)
         else:
             other.append(line)
     return other, mix, comp
+
+
+def _op_mixture_key(head: list[str], current: Mapping[str, Any], ops: Sequence[Any]) -> bool:
+    """Whether a diff path (split at dots) is ``ops[i].<a mixture key of operator i>``."""
+    if len(head) < 2 or not head[0].startswith("ops[") or not head[0].endswith("]"):
+        return False
+    try:
+        name = current["ops"][int(head[0][4:-1])]["name"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return False
+    key = head[1].split("[", 1)[0]
+    return any(op.name == name and key in op.mixture_keys for op in ops)
+
+
+def prior_targets(prior: Prior, op: Any) -> tuple[float, ...] | None:
+    """The old targets ``op`` keeps in a flush segment begun before the re-mix (None:
+    its own). States from before ``Prior.ops`` name only the source weights' targets."""
+    for name, targets in prior.ops:
+        if name == op.name:
+            return targets
+    return prior.targets if not prior.ops and op.reads_source_weights else None
 
 
 def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineState:
@@ -72,7 +99,7 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
             removed dataset is still inflight, or the source cannot re-mix.
     """
     source = plan.source
-    other, mix, comp = mixture_only_diff(state.config, plan.config, source)
+    other, mix, comp = mixture_only_diff(state.config, plan.config, source, plan.ops)
     refused = list(other)
     if comp and "components" not in allowed:
         refused += comp + ["(datasets were added or removed: allow_changes={'components'})"]
@@ -103,14 +130,20 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
             "their order, append new ones at the end, and leave a dataset in place with "
             "weight 0 rather than removing it from the middle"
         )
-    old_w = [float(w) for w in state.config["source"].get("weights", [])]
-    targets = [0.0] * len(new_names)
-    for d, w in enumerate(old_w):
-        if index.get(d) is not None:
-            targets[index[d]] = w / (sum(old_w) or 1.0)
+    old_w = tuple(float(w) for w in state.config["source"].get("weights", []))
+
+    def in_new_order(old: tuple[float, ...]) -> tuple[float, ...]:
+        targets = [0.0] * len(new_names)
+        for d, w in enumerate(old):
+            if index.get(d) is not None:
+                targets[index[d]] = w / (sum(old) or 1.0)
+        return tuple(targets)
+
+    op_targets = _old_op_targets(state, plan, tuple(old_names), old_w)
+    prior = in_new_order(old_w), tuple((name, in_new_order(t)) for name, t in op_targets)
     lanes = {}
     for lane, ls in state.lanes.items():
-        lanes[lane] = _remix_lane(ls, old_names, new_names, index, translate, tuple(targets))
+        lanes[lane] = _remix_lane(ls, old_names, new_names, index, translate, prior)
     log.info(
         "re-mixed the checkpoint: datasets %s -> %s (%s)",
         old_names,
@@ -120,7 +153,26 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
     return dataclasses.replace(state, fingerprint=plan.fingerprint, config=plan.config, lanes=lanes)
 
 
-def _remix_lane(ls: LaneState, old_names, new_names, index, translate, targets) -> LaneState:
+def _old_op_targets(
+    state: PipelineState, plan: Any, old_names: tuple[str, ...], old_w: tuple[float, ...]
+) -> list[tuple[str, tuple[float, ...]]]:
+    """(name, targets in the checkpoint's dataset order) of every operator with mixture
+    targets, as the checkpoint's configuration describes it."""
+    described = {d.get("name"): d for d in state.config.get("ops", []) if isinstance(d, dict)}
+    out = []
+    for op in plan.ops:
+        if not op.mixture_keys or op.name not in described:
+            continue
+        try:
+            out.append((op.name, op.targets_from(described[op.name], old_names, old_w)))
+        except ConfigError as e:
+            raise IncompatibleCheckpoint(
+                f"operator {op.name!r}: its targets in the checkpoint cannot be read ({e})"
+            ) from e
+    return out
+
+
+def _remix_lane(ls: LaneState, old_names, new_names, index, translate, prior) -> LaneState:
     if ls.prior is not None and ls.floor < ls.prior[0]:
         raise IncompatibleCheckpoint(
             f"lane {ls.lane} was re-mixed at chunk {ls.prior[0]} and has not passed a flush "
@@ -152,5 +204,5 @@ def _remix_lane(ls: LaneState, old_names, new_names, index, translate, targets) 
     new.source = translate(old_names, ls.source)
     # flush segments that started before the first re-mixed chunk keep the old targets,
     # so their replay (now and at any later resume) repeats what was delivered
-    new.prior = (ls.next_chunk, targets)
+    new.prior = Prior(ls.next_chunk, *prior)
     return new

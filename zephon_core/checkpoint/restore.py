@@ -52,7 +52,7 @@ def admit(
     if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
     if parsed.fingerprint != plan.fingerprint:
-        other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source)
+        other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source, plan.ops)
         diff = other + comp + mix
         hint = (
             " Only the mixture differs: to re-mix from here, pass "
@@ -140,8 +140,15 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
     n_comp = len(plan.source.component_names)
     if len(ls.tokens) != n_comp or any(t < 0 for t in ls.tokens):
         raise CorruptCheckpoint(f"{where}: tokens {ls.tokens[:8]} must be {n_comp} counts >= 0")
-    if ls.prior is not None and len(ls.prior[1]) != n_comp:
-        raise CorruptCheckpoint(f"{where}: prior targets {ls.prior[1]} must be {n_comp} weights")
+    if ls.prior is not None:
+        mixing = {op.name for op in plan.ops if op.mixture_keys}
+        for name, targets in ((None, ls.prior.targets), *ls.prior.ops):
+            if len(targets) != n_comp or (name is not None and name not in mixing):
+                raise CorruptCheckpoint(
+                    f"{where}: prior targets {targets} of {name or 'the source'!r} must be "
+                    f"{n_comp} weights of the source or of an operator with mixture targets "
+                    f"({sorted(mixing)})"
+                )
     if ls.exhausted and (ls.chunks or ls.boundaries):
         raise CorruptCheckpoint(f"{where}: an ended lane holds inflight chunks or boundaries")
     _check_boundaries(ls, plan.k, where)

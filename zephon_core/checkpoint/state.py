@@ -12,7 +12,7 @@ round-robin position g) and ``lanes`` -- one entry per canonical lane:
 ``source`` (WorkSource state after the last inflight chunk), ``cursor``
 (replay cursor), ``digest`` (value digest behind the last delivered output),
 ``delivered`` (lane progress), ``exhausted``, ``tokens`` and, for a while after a re-mix, ``prior``
-(the old targets of the operators that read the mixture weights, ``remix.py``).
+(the old targets of the operators that keep mixture targets, ``remix.py``).
 Per-offset bitmaps are deliberately absent: replay rebuilds them.
 
 Version 1 states (before ``content`` and ``digest``) are still read; they restore
@@ -78,6 +78,18 @@ def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
     return max(0, (position - lane + num_lanes - 1) // num_lanes)
 
 
+class Prior(NamedTuple):
+    """After a re-mix: flush segments that start before chunk ``chunk`` keep the old
+    mixture targets (``remix.py``). ``targets``: the old source weights (for operators
+    that read them); ``ops``: (operator name, its old targets) for every operator with
+    mixture targets (absent in states written before operators' own weights could
+    change). Targets are normalized, in the new component order."""
+
+    chunk: int
+    targets: tuple[float, ...]
+    ops: tuple[tuple[str, tuple[float, ...]], ...] = ()
+
+
 class Delivery(NamedTuple):
     """What one delivered output changed in its lane's state."""
 
@@ -118,9 +130,9 @@ class LaneState:
     exhausted: bool = False
     tokens: list[int] = field(default_factory=list)
     digest: int | None = None
-    #: after a re-mix: (R, targets) -- operators that read the mixture weights keep the
-    #: old ``targets`` in flush segments that start before chunk R (``remix.py``)
-    prior: tuple[int, tuple[float, ...]] | None = None
+    #: after a re-mix: operators keep their old mixture targets in flush segments that
+    #: start before chunk ``prior.chunk`` (``remix.py``)
+    prior: Prior | None = None
 
     def copy(self) -> LaneState:
         """A copy whose lists can change independently (the source state never changes)."""
@@ -190,7 +202,8 @@ class LaneState:
         # kept while a segment that started before the re-mix can still be replayed
         if self.prior is None or self.floor >= self.prior[0]:
             return {}
-        return {"prior": [self.prior[0], list(self.prior[1])]}
+        ops = {name: list(t) for name, t in self.prior.ops}
+        return {"prior": [self.prior[0], list(self.prior[1])] + ([ops] if ops else [])}
 
     @classmethod
     def from_dict(cls, d: Any, version: int = VERSION) -> LaneState:
@@ -321,19 +334,32 @@ def _content(c: Any) -> dict[str, dict[str, str]]:
     return out
 
 
-def _prior(x: Any, lane: int) -> tuple[int, tuple[float, ...]] | None:
+def _prior(x: Any, lane: int) -> Prior | None:
     if x is None:
         return None
+
+    def weights(w: Any) -> bool:
+        return isinstance(w, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in w
+        )
+
     ok = (
         isinstance(x, (list, tuple))
-        and len(x) == 2
+        and len(x) in (2, 3)
         and is_int(x[0])
-        and isinstance(x[1], (list, tuple))
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in x[1])
+        and weights(x[1])
+        and (
+            len(x) == 2
+            or isinstance(x[2], dict)
+            and all(isinstance(k, str) and weights(v) for k, v in x[2].items())
+        )
     )
     if not ok:
-        raise CorruptCheckpoint(f"lane {lane}: prior {x!r} is not [chunk id, [weights]]")
-    return int(x[0]), tuple(float(v) for v in x[1])
+        raise CorruptCheckpoint(
+            f"lane {lane}: prior {x!r} is not [chunk id, [weights], {{operator: [weights]}}]"
+        )
+    ops = tuple((k, tuple(float(v) for v in w)) for k, w in (x[2] if len(x) == 3 else {}).items())
+    return Prior(int(x[0]), tuple(float(v) for v in x[1]), ops)
 
 
 def _check_keys(d: Any, keys: set[str], what: str) -> None:

@@ -18,6 +18,10 @@ flush drains them in order and replaces each with a fresh instance, except those
 whose traits say ``holds_across_flush``. After the flush every offset of the epoch
 must have been delivered or tombstoned, or be held by such an operator: anything
 else was lost by a flush that did not emit everything (``ContractViolation``).
+What such an operator holds is noted when it is flushed, not when the output side
+sees the flush: a parallel stage downstream pulls records of the next segment
+through it before that (``queue_size`` ahead), so by then it may hold other records,
+and the ones it held may be on their way (``_held_at``).
 
 Events flowing between stages are ``(RECS, [Record, ...])``, ``(FLUSH,
 boundary)`` and ``(END, None)``.
@@ -32,6 +36,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from time import perf_counter
 from typing import Any, NamedTuple
 
+from ..checkpoint.remix import prior_targets
 from ..checkpoint.state import Delivery, LaneState, plain_copy
 from ..checkpoint.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
@@ -112,6 +117,9 @@ class LaneStream:
         self._digest_outputs = (
             plan.replay_index is not None and plan.replay_index == len(plan.ops) - 1
         )
+        #: boundary -> (chunk, offset) held over that flush by ``holds_across_flush``
+        #: operators, noted as each stage drains and read when the output side sees the flush
+        self._held_at: dict[int, set[tuple[int, int]]] = {}
         self.activity = Activity()
         self.clock = perf_counter()  # when the lane last produced (or was asked for) output
         self.outputs: Iterator[Output] = self._outputs(state.exhausted)
@@ -124,8 +132,10 @@ class LaneStream:
         if self.compact_outputs and i == self.plan.batch_index == len(self.plan.ops) - 1:
             op.compact = True  # the consumer builds the batch's tensors (token_batch.py)
         prior = self.prior
-        if prior is not None and segment_start < prior[0] and op.reads_source_weights:
-            op.set_targets(prior[1])
+        if prior is not None and segment_start < prior.chunk and op.mixture_keys:
+            targets = prior_targets(prior, op)
+            if targets is not None:
+                op.set_targets(targets)
         return op
 
     def _source_state(self) -> dict:
@@ -291,31 +301,37 @@ class LaneStream:
                 raise call_failed(op, lane, None, e) from e
             self.stats[i].records_out += len(emitted)
             carry.extend(emitted)
-            if not final and not op.traits.stateless and not op.traits.holds_across_flush:
+            if final or op.traits.stateless:
+                continue  # nothing to replace (at the end nothing may stay held)
+            if op.traits.holds_across_flush:
+                if self.plan.epoch_based and self.plan.checkpointing:  # for _check_flushed
+                    held = self._held_at.setdefault(boundary, set())
+                    held.update((c.chunk_id, c.offset) for r in op.held() for c in r.contributors)
+            else:
                 lane_ops[i] = self._instance(i, boundary)
         return carry
 
-    def _check_flushed(self, boundary: int) -> None:
+    def _check_flushed(self, boundary: int, final: bool = False) -> None:
         """Every offset of the chunks before ``boundary`` was delivered or tombstoned,
-        unless an operator that holds records across flushes still holds it."""
+        unless an operator that holds records across flushes held it at that flush
+        (``final``: the end of the lane, where nothing may be held)."""
+        held = set() if final else self._held_at.pop(boundary, set())
         missing = self.tracker.open_offsets(boundary)
         if not missing:
             return
-        held = {
-            (c.chunk_id, c.offset)
-            for op in self.ops
-            if op.traits.holds_across_flush
-            for r in op.held()
-            for c in r.contributors
-        }
         lost = [m for m in missing if m not in held]
         if lost:
             stateful = [op.name for op in self.ops if not op.traits.stateless]
+            where, call = (
+                ("at the end of the stream", "finish()")
+                if final
+                else (f"after the flush before chunk {boundary}", "flush()")
+            )
             raise ContractViolation(
-                f"after the flush before chunk {boundary}, lane {self.lane} lost offsets "
-                f"{lost[:8]} (chunk, offset): neither delivered nor tombstoned. An "
-                f"operator's flush() did not emit everything it held (stateful operators: "
-                f"{stateful}); flush must emit every record the instance holds"
+                f"{where}, lane {self.lane} lost offsets {lost[:8]} (chunk, offset): "
+                f"neither delivered nor tombstoned. An operator's {call} did not emit "
+                f"everything it held (stateful operators: {stateful}); {call} must emit "
+                "(or tombstone) every record the instance holds"
             )
 
     # -- outputs ---------------------------------------------------------------
@@ -351,7 +367,7 @@ class LaneStream:
                     self._check_flushed(x)
             else:
                 if check:
-                    self._check_flushed(self.next_id)
+                    self._check_flushed(self.next_id, final=True)
                 yield Output(END_OF_LANE, tracker.finish(self.next_id) if track else None)
                 return
 

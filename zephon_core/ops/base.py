@@ -108,9 +108,22 @@ class Operator:
     #: replay needs them (``checkpoint/remix.py``)
     reads_source_weights = False
 
+    #: ``describe()`` keys that hold mixture targets (``ensure_mixture``'s ``weights``): a
+    #: re-mix may change them, and the operator keeps its old targets where replay needs
+    #: them. Such operators implement ``set_targets`` and ``targets_from``.
+    mixture_keys: frozenset[str] = frozenset()
+
     def set_targets(self, weights: tuple[float, ...]) -> None:
-        """Use ``weights`` (normalized, in component order) instead of the source's."""
-        raise NotImplementedError(f"{type(self).__name__} does not read the source weights")
+        """Use ``weights`` (normalized, in component order) as the mixture targets."""
+        raise NotImplementedError(f"{type(self).__name__} has no mixture targets")
+
+    def targets_from(
+        self, described: dict[str, Any], names: tuple[str, ...], weights: tuple[float, ...]
+    ) -> tuple[float, ...]:
+        """The normalized targets of the operator ``described`` (a ``describe()`` of this
+        kind, e.g. from a checkpoint's configuration) over datasets ``names`` whose source
+        weights were ``weights``."""
+        raise NotImplementedError(f"{type(self).__name__} has no mixture targets")
 
     def process(self, record: Record) -> Iterable[Record]:
         raise NotImplementedError

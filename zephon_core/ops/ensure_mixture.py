@@ -54,10 +54,18 @@ class EnsureMixtureOp(Operator):
         self.targets: tuple[float, ...] = ()
         self._start()
 
+    #: its ``weights=`` may change at a re-mix, like the source's (``checkpoint/remix.py``)
+    mixture_keys = frozenset({"weights"})
+
     @property
     def reads_source_weights(self) -> bool:  # type: ignore[override]
         """Targets come from the source's weights (a re-mix changes them)."""
         return self.user_weights is None
+
+    def targets_from(
+        self, described: dict, names: tuple[str, ...], weights: tuple[float, ...]
+    ) -> tuple[float, ...]:
+        return _targets(described.get("weights"), names, weights)
 
     def set_targets(self, weights: tuple[float, ...]) -> None:
         s = sum(weights)
@@ -87,15 +95,7 @@ class EnsureMixtureOp(Operator):
         return new
 
     def _resolve(self, ctx: OpContext) -> tuple[float, ...]:
-        names = ctx.component_names
-        w = self.user_weights
-        raw = (
-            list(ctx.weights)
-            if w is None
-            else weight_vector(w, names, "ensure_mixture", missing_is_zero=True)
-        )
-        s = sum(raw)
-        return tuple(x / s for x in raw)
+        return _targets(self.user_weights, ctx.component_names, ctx.weights)
 
     def _pick(self) -> int:
         targets, emitted, total = self.targets, self._emitted, self._total
@@ -148,3 +148,18 @@ class EnsureMixtureOp(Operator):
             "window": self.window,
             "key": self.key,
         }
+
+
+def _targets(
+    weights: Mapping[str, float] | Sequence[float] | None,
+    names: Sequence[str],
+    source_weights: Sequence[float],
+) -> tuple[float, ...]:
+    """Normalized targets: ``weights`` over ``names``, or the source's when None."""
+    raw = (
+        list(source_weights)
+        if weights is None
+        else weight_vector(weights, names, "ensure_mixture", missing_is_zero=True)
+    )
+    s = sum(raw)
+    return tuple(x / s for x in raw)
