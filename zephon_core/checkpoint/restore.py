@@ -18,6 +18,10 @@
 
 A crafted or corrupted state therefore fails here with a typed error naming the
 field, never later as a hang, a ``MemoryError`` or an ``IndexError`` mid-stream.
+
+:func:`check_alone` runs the checks that need no pipeline (1, 4 and the lane fields
+of 5 against the state's own configuration): what ``zephon inspect`` and ``zephon diff``
+of two checkpoints apply, so they never call a state restorable that ``admit`` refuses.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
+from ..validate import is_int
+from .provenance import version_note
 from .remix import REMIX_CHANGES, mixture_only_diff, remix
 from .state import LaneState, PipelineState, check_progress
 
@@ -65,6 +71,7 @@ def admit(
             + ("; ".join(diff[:10]) if diff else "fingerprints differ")
             + "."
             + hint
+            + version_note(parsed.written_by, diff)
         )
     _check_content(parsed, plan, allowed)
     if parsed.position < 0:
@@ -132,20 +139,36 @@ def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> 
         )
 
 
+def check_alone(state: Any) -> PipelineState:
+    """Parse ``state`` and check everything that needs no pipeline, against the state's own
+    configuration: schema, position, lane progress, each lane's counters, boundaries and
+    replay cursor. Returns the parsed state.
+
+    Raises:
+        CorruptCheckpoint / IncompatibleCheckpoint: as :func:`admit` would for them.
+    """
+    parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
+    if parsed.position < 0:
+        raise CorruptCheckpoint(f"position {parsed.position} is negative")
+    config = parsed.config
+    lanes, k = config.get("canonical_replicas"), config.get("flush_every_k_chunks")
+    if not is_int(lanes) or not is_int(k) or lanes < 1 or k < 0:
+        raise CorruptCheckpoint(
+            f"config has canonical_replicas={lanes!r}, flush_every_k_chunks={k!r}: not the "
+            "configuration of a Zephon pipeline"
+        )
+    source = config.get("source")
+    names = source.get("names") if isinstance(source, dict) else None
+    n_comp = len(names) if isinstance(names, list) else None  # a custom source may not say
+    check_progress(parsed, lanes)
+    for ls in parsed.lanes.values():
+        _check_lane_fields(ls, n_comp, k)
+    return parsed
+
+
 def _check_lane(ls: LaneState, plan: Any) -> None:
     where = f"lane {ls.lane}"
-    for name in ("floor", "next_chunk", "delivered"):
-        if getattr(ls, name) < 0:
-            raise CorruptCheckpoint(f"{where}: {name}={getattr(ls, name)} is negative")
-    n_comp = len(plan.source.component_names)
-    if len(ls.tokens) != n_comp or any(t < 0 for t in ls.tokens):
-        raise CorruptCheckpoint(f"{where}: tokens {ls.tokens[:8]} must be {n_comp} counts >= 0")
-    if ls.prior is not None and len(ls.prior[1]) != n_comp:
-        raise CorruptCheckpoint(f"{where}: prior targets {ls.prior[1]} must be {n_comp} weights")
-    if ls.exhausted and (ls.chunks or ls.boundaries):
-        raise CorruptCheckpoint(f"{where}: an ended lane holds inflight chunks or boundaries")
-    _check_boundaries(ls, plan.k, where)
-    _check_cursor(ls, where)
+    _check_lane_fields(ls, len(plan.source.component_names), plan.k)
     check = getattr(plan.source, "check_chunk", None)
     if check is not None:
         for chunk in ls.chunks:
@@ -166,6 +189,23 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
         raise CorruptCheckpoint(
             f"{where}: next_chunk={ls.next_chunk} but the source state continues at chunk {next_id}"
         )
+
+
+def _check_lane_fields(ls: LaneState, n_comp: int | None, k: int) -> None:
+    """The lane's own fields, against the number of datasets (None: unknown) and ``k``."""
+    where = f"lane {ls.lane}"
+    for name in ("floor", "next_chunk", "delivered"):
+        if getattr(ls, name) < 0:
+            raise CorruptCheckpoint(f"{where}: {name}={getattr(ls, name)} is negative")
+    n = len(ls.tokens) if n_comp is None else n_comp
+    if len(ls.tokens) != n or any(t < 0 for t in ls.tokens):
+        raise CorruptCheckpoint(f"{where}: tokens {ls.tokens[:8]} must be {n} counts >= 0")
+    if ls.prior is not None and len(ls.prior[1]) != n:
+        raise CorruptCheckpoint(f"{where}: prior targets {ls.prior[1]} must be {n} weights")
+    if ls.exhausted and (ls.chunks or ls.boundaries):
+        raise CorruptCheckpoint(f"{where}: an ended lane holds inflight chunks or boundaries")
+    _check_boundaries(ls, k, where)
+    _check_cursor(ls, where)
 
 
 def _check_boundaries(ls: LaneState, k: int, where: str) -> None:
