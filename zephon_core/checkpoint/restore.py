@@ -14,7 +14,8 @@
 4. progress -- lane progress consistent with one global position;
 5. ranges -- every lane field against this pipeline: the source state (validated by
    the lane's own WorkSource), each inflight chunk's rows inside their datasets,
-   boundaries, the replay cursor inside an inflight chunk, token counters.
+   boundaries, the replay cursor inside an inflight chunk, token counters; then each
+   inflight chunk against the digest saved with it (a pointer changed in range).
 
 A crafted or corrupted state therefore fails here with a typed error naming the
 field, never later as a hang, a ``MemoryError`` or an ``IndexError`` mid-stream.
@@ -34,7 +35,7 @@ from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, Zep
 from ..validate import is_int
 from .provenance import version_note
 from .remix import REMIX_CHANGES, mixture_only_diff, remix
-from .state import LaneState, PipelineState, check_progress
+from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 
 #: what ``allow_changes=`` may name
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
@@ -56,6 +57,8 @@ def admit(
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
     if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
+        for ls in parsed.lanes.values():
+            check_chunk_digests(ls)  # the chunks as saved, before remix renumbers them
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source)
@@ -163,6 +166,7 @@ def check_alone(state: Any) -> PipelineState:
     check_progress(parsed, lanes)
     for ls in parsed.lanes.values():
         _check_lane_fields(ls, n_comp, k)
+        check_chunk_digests(ls)
     return parsed
 
 
@@ -189,6 +193,7 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
         raise CorruptCheckpoint(
             f"{where}: next_chunk={ls.next_chunk} but the source state continues at chunk {next_id}"
         )
+    check_chunk_digests(ls)  # after the range checks, which say more about what is wrong
 
 
 def _check_lane_fields(ls: LaneState, n_comp: int | None, k: int) -> None:

@@ -147,14 +147,19 @@ class LaneState:
     #: after a re-mix: (R, targets) -- operators that read the mixture weights keep the
     #: old ``targets`` in flush segments that start before chunk R (``remix.py``)
     prior: tuple[int, tuple[float, ...]] | None = None
+    #: the chunk digests a state was read with (None: a version-2 state had none), checked
+    #: by admission (:func:`check_chunk_digests`); ``to_dict`` computes them afresh
+    saved_digests: tuple[int, ...] | None = field(default=None, compare=False)
 
     def copy(self) -> LaneState:
-        """A copy whose lists can change independently (the source state never changes)."""
+        """A copy whose lists can change independently (the source state never changes);
+        its chunks may change, so the digests read with them are not kept."""
         return dataclasses.replace(
             self,
             chunks=list(self.chunks),
             boundaries=list(self.boundaries),
             tokens=list(self.tokens),
+            saved_digests=None,
         )
 
     def progress(self) -> Delivery:
@@ -265,7 +270,12 @@ class LaneState:
                     f"consecutive range [{floor}, {next_chunk})"
                 )
         if version >= 3:  # states of earlier versions carry no chunk digests
-            _check_chunk_digests(lane, chunks, d["chunk_digests"])
+            digests = _list(d["chunk_digests"], f"lane {lane}: chunk_digests")
+            if len(digests) != len(chunks):
+                raise CorruptCheckpoint(
+                    f"lane {lane}: {len(digests)} chunk digests for {len(chunks)} inflight chunks"
+                )
+            st.saved_digests = tuple(_int(x, "chunk digest") for x in digests)
         if not isinstance(st.source, dict):
             raise CorruptCheckpoint(f"lane {lane}: source state is not a dict")
         return st
@@ -361,21 +371,23 @@ def _content(c: Any) -> dict[str, dict[str, str]]:
     return out
 
 
-def _check_chunk_digests(lane: int, chunks: list[WorkChunk], digests: Any) -> None:
-    digests = _list(digests, f"lane {lane}: chunk_digests")
-    if len(digests) != len(chunks):
-        raise CorruptCheckpoint(
-            f"lane {lane}: {len(digests)} chunk digests for {len(chunks)} inflight chunks"
-        )
-    for chunk, want in zip(chunks, digests):
+def check_chunk_digests(ls: LaneState) -> None:
+    """Each inflight chunk must match the digest saved with it (states that carry them).
+
+    Raises:
+        CorruptCheckpoint: naming the lane and the chunk.
+    """
+    if ls.saved_digests is None:
+        return
+    for chunk, want in zip(ls.chunks, ls.saved_digests, strict=True):
         try:
-            got = chunk_digest(chunk)
+            got: int | None = chunk_digest(chunk)
         except OverflowError:  # a pointer beyond 64 bits
             got = None
         if got != want:
             raise CorruptCheckpoint(
-                f"lane {lane}: inflight chunk {chunk.chunk_id} does not match its digest "
-                f"({want!r} saved, {got!r} from its pointers): its components, rows or seed "
+                f"lane {ls.lane}: inflight chunk {chunk.chunk_id} does not match its digest "
+                f"({want} saved, {got} from its pointers): its components, rows or seed "
                 "changed after the checkpoint was written, and replaying it would deliver "
                 "other documents. Restore from an intact copy of the checkpoint"
             )
