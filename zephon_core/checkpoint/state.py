@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
+import struct
 import zlib
-from array import array
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -91,12 +90,10 @@ def chunk_digest(chunk: WorkChunk) -> int:
     """CRC-32 of a chunk's id, seed, components and rows (little-endian uint64s): stored
     next to each inflight chunk, so a pointer that changed after the save is caught at
     admission instead of replaying another document."""
-    words = array("Q", (chunk.chunk_id, chunk.seed))
-    words.extend(chunk.components)
-    words.extend(chunk.rows)
-    if sys.byteorder != "little":
-        words.byteswap()
-    return zlib.crc32(words)
+    n = 2 + 2 * len(chunk.rows)
+    return zlib.crc32(
+        struct.pack(f"<{n}Q", chunk.chunk_id, chunk.seed, *chunk.components, *chunk.rows)
+    )
 
 
 def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
@@ -382,7 +379,7 @@ def check_chunk_digests(ls: LaneState) -> None:
     for chunk, want in zip(ls.chunks, ls.saved_digests, strict=True):
         try:
             got: int | None = chunk_digest(chunk)
-        except OverflowError:  # a pointer beyond 64 bits
+        except struct.error:  # a pointer beyond 64 bits
             got = None
         if got != want:
             raise CorruptCheckpoint(
