@@ -61,7 +61,10 @@ def _load_factory(spec: str):
 def _build(spec: str):
     from ..engine.pipeline import Pipeline
 
-    pipe = _load_factory(spec)()
+    try:
+        pipe = _load_factory(spec)()
+    except ZephonError as e:  # the factory built an invalid pipeline: say so, typed
+        raise click.ClickException(f"{spec}(): {type(e).__name__}: {e}") from None
     if not isinstance(pipe, Pipeline):
         raise click.BadParameter(f"{spec}() returned {type(pipe).__name__}, not a Pipeline")
     return pipe
