@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 import torch
 from helpers import reference_pipeline, worker_env
 
+import zephon_core
 from zephon_core.checkpoint import codec
 from zephon_core.testing import take
 
@@ -34,6 +37,20 @@ def other():
 def noisy(p):  # not deterministic: a different stream on every run
     out = byte_tokenize(p)
     return {**out, "input_ids": out["input_ids"] ^ int.from_bytes(os.urandom(1), "big")}
+
+
+def remixed():  # build() with the mixture 50/50 instead of 70/30
+    return (
+        Pipeline(source(8, weights=(0.5, 0.5)), canonical_replicas=4, flush_every_k_chunks=2,
+                 seed=11, prefetch=0)
+        .fetch(parallelism=2)
+        .map(byte_tokenize, parallelism=2, name="tokenize")
+        .split(max_len=128)
+        .pack(seq_len=128, bins=4)
+        .shuffle(buffer_size=16)
+        .ensure_mixture(window=8)
+        .batch(batch_size=4)
+    )
 
 
 def broken():
@@ -68,6 +85,17 @@ def work(tmp_path_factory) -> Path:
     with reference_pipeline(prefetch=0, seq_len=64) as pipe:
         take(pipe, 5)
         pipe.save(d / "other.zst")
+    other_data = copy.deepcopy(state)
+    other_data["content"]["components"]["prose"] = "0" * 16  # the same config, other data
+    (d / "other_data.zst").write_bytes(codec.encode(other_data))
+    sys.path.insert(0, str(d))
+    try:
+        from factory import remixed
+    finally:
+        sys.path.remove(str(d))
+    with remixed() as pipe:
+        take(pipe, 30)
+        pipe.save(d / "remixed.zst")
     return d
 
 
@@ -103,9 +131,6 @@ def test_diff_of_two_checkpoints_names_what_differs(work):
 
 
 def test_diff_names_changed_content_and_refuses_a_bad_second_file(work):
-    state = codec.decode(codec.read_bytes(work / "state.zst"))
-    state["content"]["components"]["prose"] = "0" * 16  # the same config over other data
-    (work / "other_data.zst").write_bytes(codec.encode(state))
     r = run("diff", "state.zst", "other_data.zst", cwd=work)
     assert r.returncode == 1 and "dataset 'prose'" in r.stdout and "code" not in r.stdout
     (work / "junk2.bin").write_bytes(b"not a checkpoint")
@@ -142,3 +167,131 @@ def test_bench_reports_throughput(work):
 def test_a_bad_factory_is_a_usage_error(work):
     r = run("explain", "factory:nope", cwd=work)
     assert r.returncode == 2 and "no function 'nope'" in r.stderr
+
+
+# In process below (click's runner calls the same command functions; a fresh process
+# per call would cost ~2 s of imports each).
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``zephon ARGS`` run in this process, in ``cwd``; an unexpected exception fails."""
+    from click.testing import CliRunner
+
+    from zephon_core.cli.commands import cli as command
+
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(command, list(args))
+    finally:
+        os.chdir(old)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+# -- torch files are read without running code from them ----------------------------------
+
+
+class _Marker:
+    """Pickles as a call that creates ``path``: what a hostile checkpoint can do."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').close()",))
+
+
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+def test_a_checkpoint_whose_pickle_runs_code_is_refused_unread(work, tmp_path, zipped):
+    marker = tmp_path / "ran"
+    state = codec.decode(codec.read_bytes(work / "state.zst"))
+    torch.save(
+        {"zephon": {"state": state, "rng": None}, "state_dict": {}, "x": _Marker(marker)},
+        work / "evil.ckpt",
+        _use_new_zipfile_serialization=zipped,
+    )
+    for args in (["inspect", "evil.ckpt"], ["diff", "evil.ckpt", "state.zst"]):
+        r = cli(*args, cwd=work)
+        assert r.returncode == 1 and "UntrustedCheckpoint" in r.stderr, r.stderr
+        assert "exec" in r.stderr and "--trust-pickle" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert not marker.exists(), "the file's pickled code ran"
+    trusted = cli("inspect", "evil.ckpt", "--trust-pickle", cwd=work)
+    assert trusted.returncode == 0 and "global position 30" in trusted.stdout
+    assert marker.exists()  # the flag is the one way to run it
+
+
+@pytest.fixture(scope="module")
+def lightning_ckpt(tmp_path_factory) -> Path:
+    """A real Lightning checkpoint written by ZephonDataModule, after 4 steps, whose
+    datamodule saved hyper-parameters of common plain types."""
+    import argparse
+
+    import numpy as np
+    from lightning_helpers import fit
+
+    from zephon_integrations.lightning import ZephonDataModule
+
+    class WithHparams(ZephonDataModule):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.save_hyperparameters(
+                {"lr": np.float64(0.1), "out": Path("/tmp/x"), "args": argparse.Namespace(a=1)}
+            )
+
+    d = tmp_path_factory.mktemp("lightning")
+    fit(max_steps=4, ckpt_dir=str(d), every_n_train_steps=4, dm_class=WithHparams)
+    ckpt = d / "last.ckpt"
+    assert "datamodule_hyper_parameters" in torch.load(ckpt, weights_only=False)
+    return ckpt
+
+
+def test_inspect_reads_a_real_lightning_checkpoint_without_full_pickle(work, lightning_ckpt):
+    r = cli("inspect", str(lightning_ckpt), "--json", cwd=work)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["position"] == 4 and info["file"]["kind"] == "Lightning checkpoint"
+    assert info["zephon_version"] == zephon_core.__version__
+
+
+# -- the CLI applies the restore's own checks ---------------------------------------------
+
+
+def test_a_state_the_restore_refuses_is_refused_by_inspect_and_diff(work):
+    state = codec.decode(codec.read_bytes(work / "state.zst"))
+    lane = next(ls for ls in state["lanes"] if ls["cursor"])
+    del lane["cursor"]
+    (work / "no_cursor.zst").write_bytes(codec.encode(state))
+    for args in (["diff", "state.zst", "no_cursor.zst"], ["inspect", "no_cursor.zst"]):
+        r = cli(*args, cwd=work)
+        assert r.returncode == 1, (args, r.stdout)
+        assert "CorruptCheckpoint" in r.stderr and "missing keys ['cursor']" in r.stderr
+        assert "Traceback" not in r.stderr and "restores" not in r.stdout
+    # a row pointer changed in range: only the chunk digest can tell
+    state = codec.decode(codec.read_bytes(work / "state.zst"))
+    lane = next(ls for ls in state["lanes"] if ls["chunks"])
+    lane["chunks"][0][3][0] ^= 1
+    (work / "moved_row.zst").write_bytes(codec.encode(state))
+    r = cli("diff", "state.zst", "moved_row.zst", cwd=work)
+    assert r.returncode == 1 and f"lane {lane['lane']}: inflight chunk" in r.stderr
+
+
+def test_diff_with_allowed_changes_says_whether_the_restore_accepts_and_what_it_does(work):
+    refused = cli("diff", "state.zst", "factory:remixed", cwd=work)
+    assert refused.returncode == 1 and "allow_changes={'weights'}" in refused.stdout
+    ok = cli("diff", "state.zst", "factory:remixed", "--allow-changes", "weights", cwd=work)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "accepts state.zst with allow_changes=['weights']" in ok.stdout
+    assert "dataset 'prose': 70.0 % -> 50.0 % of documents" in ok.stdout
+    assert "inflight chunks replay as written" in ok.stdout
+    # between two checkpoints: the configurations and content digests decide
+    two = cli("diff", "state.zst", "remixed.zst", cwd=work)
+    assert two.returncode == 1 and "--allow-changes weights re-mixes" in two.stdout
+    two = cli("diff", "state.zst", "remixed.zst", "--allow-changes", "weights", cwd=work)
+    assert two.returncode == 0 and "accepts A with allow_changes=['weights']" in two.stdout
+    data = cli("diff", "state.zst", "other_data.zst", "--allow-changes", "data", cwd=work)
+    assert data.returncode == 0 and "accepted (data): dataset 'prose'" in data.stdout
+    bad = cli("diff", "state.zst", "remixed.zst", "--allow-changes", "everything", cwd=work)
+    assert bad.returncode == 2 and "--allow-changes" in bad.stderr

@@ -1,5 +1,6 @@
 """Zephon: a deterministic, checkpointable streaming data pipeline for LLM training."""
 
+from ._version import __version__ as __version__
 from .engine.handle import PipelineIterator
 from .engine.pipeline import Pipeline
 from .engine.torch_data import ZephonDataLoader
@@ -16,6 +17,7 @@ from .errors import (
     ReplayDivergence,
     SourceChanged,
     TopologyError,
+    UntrustedCheckpoint,
     ZephonError,
 )
 from .ops import Operator, OpTraits
@@ -47,7 +49,7 @@ __all__ = [
     "CorruptCheckpoint",
     "IncompatibleCheckpoint",
     "MissingCheckpointState",
+    "UntrustedCheckpoint",
     "ReplayDivergence",
     "SourceChanged",
 ]
-__version__ = "0.1.0"

@@ -79,6 +79,11 @@ class IncompatibleCheckpoint(CheckpointError):
     functions, or with another schema."""
 
 
+class UntrustedCheckpoint(CheckpointError):
+    """Reading the file would unpickle a global that can run code; it was not read. The
+    message names the globals and how to read a file you trust."""
+
+
 class MissingCheckpointState(CheckpointError):
     """A training run resumes from a checkpoint that holds no Zephon state, so the data
     stream would silently restart from its beginning."""

@@ -8,6 +8,9 @@ silent.
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 from helpers import byte_tokenize, source
 
@@ -208,3 +211,68 @@ def test_non_deterministic_operator_raises_replay_divergence_on_resume(prefetch)
     targets = {ls["lane"]: tuple(ls["cursor"]) for ls in state["lanes"]}
     assert any(f"replay on lane {ln} " in msg and str(t) in msg for ln, t in targets.items()), msg
     assert "not deterministic" in msg
+    # where to look: the record's dataset and row, and the operators that made it
+    assert "through the operators source -> fetch -> tokenize -> stamp" in msg
+    assert re.search(r"\(chunk \d+, dataset '(prose|code)' row \d+ \(chunk \d+ offset \d+\)\)", msg)
+
+
+# -- a divergence names where to look ------------------------------------------------------
+
+
+def _named_filter(target: SampleCursor, digest: int | None = None) -> ReplayFilter:
+    """Lane 1's filter after fetch -> tokenize, with two restored inflight chunks."""
+    from zephon_core.ops import FetchOp, MapOp
+    from zephon_core.sources.chunk import WorkChunk
+
+    upstream = (FetchOp(), MapOp(_tok, name="tokenize"))
+    template = ReplayFilter("batch_replay_filter", monotone=True)
+    template.bind(
+        OpContext(
+            seed=1,
+            index=2,
+            component_names=("prose", "code"),
+            weights=(0.7, 0.3),
+            upstream=upstream,
+        )
+    )
+    rf = template.for_lane(1)
+    chunks = [WorkChunk(1, 4, (0, 1, 0), (12, 33, 7), 99), WorkChunk(1, 5, (1, 1), (2, 3), 98)]
+    rf.set_target(target, digest, chunks)
+    return rf
+
+
+def test_a_divergence_names_the_chunk_the_documents_and_the_operators():
+    target = SampleCursor(1, 4, 1, 0)
+    rf = _named_filter(target)
+    with pytest.raises(ReplayDivergence) as e:
+        rf.process(rec(1, 5, 0))  # a later chunk first: the target never came
+    msg = str(e.value)
+    assert (
+        "lane 1 reached a record of later chunk 5 without reproducing the saved cursor "
+        f"{tuple(target)}" in msg
+    )
+    assert "(chunk 4, dataset 'code' row 33 (chunk 4 offset 1))" in msg
+    assert "through the operators source -> fetch -> tokenize" in msg
+
+
+def test_a_value_divergence_names_every_document_behind_the_record():
+    target = SampleCursor(1, 4, 0, 0)
+    rf = _named_filter(target, digest=0)  # the values before the checkpoint (no match)
+    packed = Record(
+        {"input_ids": np.arange(4)},
+        target,
+        [
+            Contributor(4, 0, 0, True, 0, 2),
+            Contributor(4, 2, 0, True, 0, 1),
+            Contributor(5, 1, 0, True, 1, 1),
+        ],
+    )
+    with pytest.raises(ReplayDivergence, match="other values") as e:
+        rf.process(packed)
+    msg = str(e.value)
+    assert (
+        "comes from dataset 'prose' row 12 (chunk 4 offset 0), dataset 'prose' row 7 "
+        "(chunk 4 offset 2), dataset 'code' row 3 (chunk 5 offset 1), through the operators "
+        "source -> fetch -> tokenize" in msg
+    )
+    assert "allow_changes={'data'} or {'functions'}" in msg

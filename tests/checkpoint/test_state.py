@@ -134,6 +134,7 @@ def test_extra_top_key_is_corrupt(st):
         "delivered",
         "exhausted",
         "tokens",
+        "chunk_digests",
     ],
 )
 def test_missing_lane_key_is_corrupt(st, key):
@@ -172,6 +173,10 @@ WRONG_TYPES = [
     (("lanes", 0, "exhausted"), "no"),
     (("lanes", 0, "exhausted"), 0),
     (("lanes", 0, "exhausted"), None),
+    (("lanes", 0, "chunk_digests"), None),
+    (("lanes", 0, "chunk_digests"), [1]),
+    (("lanes", 0, "chunk_digests"), ["x", "y", "z"]),
+    (("zephon_version",), 1),
 ]
 
 
@@ -365,3 +370,72 @@ def test_inconsistent_lane_progress_is_incompatible(st, mutate):
         next(iter(pipe))
     pipe.close()
     assert "lane 1" in str(e.value)
+
+
+# -- inflight chunks are checked against their digests ------------------------------------
+
+
+def _pointer_changes(state: dict):
+    """Every single change of one inflight chunk that keeps it in range: a row +1 (or -1),
+    the other dataset at an offset, the chunk seed +1. Yields (lane, chunk id, state)."""
+    for i, ls in enumerate(state["lanes"]):
+        for j, (chunk_id, _, components, rows) in enumerate(ls["chunks"]):
+            for k in range(len(rows)):
+                for field, value in (
+                    (3, rows[k] + 1 if rows[k] < 80 else rows[k] - 1),  # code has 90 rows
+                    (2, 1 - components[k]),
+                ):
+                    bad = copy.deepcopy(state)
+                    bad["lanes"][i]["chunks"][j][field][k] = value
+                    yield ls["lane"], chunk_id, bad
+            bad = copy.deepcopy(state)
+            bad["lanes"][i]["chunks"][j][1] += 1
+            yield ls["lane"], chunk_id, bad
+
+
+def test_every_changed_pointer_of_an_inflight_chunk_is_refused(state):
+    """A row pointer +1 inside the dataset used to restore and deliver another document."""
+    changes = list(_pointer_changes(state))
+    lane, chunk_id, bad = changes[0]  # a row in range: only the digest can tell
+    pipe = build()
+    with pytest.raises(CorruptCheckpoint, match=f"lane {lane}: inflight chunk {chunk_id} does"):
+        pipe.load_state_dict(bad)
+    pipe.close()
+    from zephon_core.checkpoint.restore import check_alone  # what zephon inspect/diff run
+
+    assert len(changes) > 100
+    for lane, chunk_id, bad in changes:
+        with pytest.raises(CorruptCheckpoint) as e:
+            check_alone(bad)
+        assert f"lane {lane}: inflight chunk {chunk_id} does not match its digest" in str(e.value)
+
+
+def test_a_state_without_chunk_digests_still_restores(st, reference):
+    """Version-2 states (main 03a95f2) carry none: they restore exactly as before."""
+    st["version"] = 2
+    del st["zephon_version"]
+    for ls in st["lanes"]:
+        del ls["chunk_digests"]
+    pipe = build()
+    pipe.load_state_dict(st)
+    assert_streams_equal(reference[CUT:], take(pipe, 40), "a version-2 state")
+    pipe.close()
+
+
+def test_a_re_mix_checks_the_digests_of_the_chunks_it_renumbers(state):
+    lane, chunk_id, bad = next(_pointer_changes(state))
+    ok = copy.deepcopy(state)
+    remixed = (
+        Pipeline(source(weights=(0.5, 0.5)), canonical_replicas=4, flush_every_k_chunks=2, seed=11)
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=128)
+        .pack(seq_len=128, bins=4)
+        .shuffle(buffer_size=16)
+        .batch(batch_size=4)
+    )
+    with pytest.raises(CorruptCheckpoint, match=f"inflight chunk {chunk_id} does not match"):
+        remixed.description().load_state_dict(bad, allow_changes={"weights"})
+    remixed.load_state_dict(ok, allow_changes={"weights"})  # the intact state re-mixes
+    assert len(take(remixed, 3)) == 3
+    remixed.close()

@@ -176,3 +176,22 @@ def take_batches(pipe, n):
 
     with pipe:
         return take(pipe, n)
+
+
+@pytest.mark.parametrize("arg", ["bos_id", "eos_id"])
+def test_a_token_id_beyond_any_vocabulary_is_refused_when_the_pipeline_is_described(arg):
+    """split(eos_id=2**40) used to fail only at the first batch (a wrapped OverflowError)."""
+    with pytest.raises(ConfigError, match=rf"split\({arg}=1099511627776\): must be an int >= 0 "):
+        Pipeline(token_source(), canonical_replicas=2).fetch().split(max_len=16, **{arg: 2**40})
+    SplitOp(16, **{arg: 2**31 - 1})  # the largest id split accepts
+
+
+def test_special_tokens_wider_than_the_tokens_widen_the_framed_array():
+    r = rec(0, 0, 5)
+    r = r.with_payload({"input_ids": r.payload["input_ids"].astype(np.uint8)})  # byte tokens
+    (out,) = bind(SplitOp(8, bos_id=256, eos_id=70_000)).process(r)
+    ids = out.payload["input_ids"]
+    assert ids.dtype == np.uint32
+    assert ids.tolist() == [256, *r.payload["input_ids"].tolist(), 70_000]
+    (same,) = bind(SplitOp(8, eos_id=2)).process(r)  # ids that fit keep the tokens' dtype
+    assert same.payload["input_ids"].dtype == np.uint8

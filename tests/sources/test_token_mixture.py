@@ -286,3 +286,51 @@ def test_lengths_from_a_column_of_an_hf_component_not_read_for_training():
     src = StaticMixtureWorkSource({"prose": comp}, weights_unit="tokens", lengths="n")
     assert list(src.token_lengths[0].per_row) == LENS["prose"][::-1]
     assert set(src.read(0, [0])[0]) == {"text"}  # training still reads only its columns
+
+
+def _zeroed(fraction: float) -> dict[str, list[int]]:
+    """LENS with the first ``fraction`` of code's counts set to 0 (a column not filled in)."""
+    code = list(LENS["code"])
+    cut = round(fraction * len(code))
+    return {"prose": LENS["prose"], "code": [0] * cut + code[cut:]}
+
+
+def test_a_weighted_dataset_whose_lengths_are_all_zero_is_refused():
+    """Every document would count as 1 token: code would take ~all the documents."""
+    with pytest.raises(ConfigError, match=r"dataset 'code'.*all 90 token counts are 0"):
+        _source(lengths=_zeroed(1.0))
+    # unweighted, the column changes nothing: accepted
+    StaticMixtureWorkSource(
+        {"prose": PROSE, "code": CODE},
+        {"prose": 1.0, "code": 0.0},
+        weights_unit="tokens",
+        lengths=_zeroed(1.0),
+    )
+
+
+def test_a_weighted_dataset_with_many_zero_lengths_is_named_in_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="zephon_core.sources.lengths"):
+        _source(lengths=_zeroed(0.05))  # a few empty documents: plausible, silent
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="zephon_core.sources.lengths"):
+        _source(lengths=_zeroed(0.5))
+    (warning,) = caplog.records
+    assert "dataset 'code'" in warning.getMessage() and "45 of 90 token counts are 0" in (
+        warning.getMessage()
+    )
+
+
+def test_a_null_in_a_length_column_names_its_row():
+    datasets = pytest.importorskip("datasets")
+    n = list(LENS["prose"])
+    n[7] = None
+    ds = datasets.Dataset.from_dict({"text": [d["text"] for d in PROSE], "n": n})
+    with pytest.raises(ConfigError, match=r"dataset 'prose' \(column:n\): row 7 is null"):
+        StaticMixtureWorkSource({"prose": ds}, weights_unit="tokens", lengths="n")
+    rows = [dict(d, n=v) for d, v in zip(PROSE, n)]  # rows read one by one: None
+    with pytest.raises(ConfigError, match="row 7 is null"):
+        StaticMixtureWorkSource({"prose": rows}, weights_unit="tokens", lengths="n")
+    with pytest.raises(ConfigError, match="row 3 is 2.5, not a whole token count"):
+        StaticMixtureWorkSource(
+            {"prose": PROSE[:5]}, weights_unit="tokens", lengths={"prose": [1, 2, 3, 2.5, 4]}
+        )

@@ -15,15 +15,21 @@ ends its epoch (monotone pipelines: before any record of a later chunk). When it
 reappears, its values must match too: the state carries the value digest of the
 record behind the last delivered output (``value_digest.py``), so data or a
 function that changed under an unchanged position is caught as well.
+
+A divergence names where to look: the lane, the chunk and cursor, the documents behind
+the record (dataset and row, from the restored inflight chunks) and the operators that
+produced it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from ..errors import ReplayDivergence
 from ..ops.base import Operator, OpTraits
 from ..records import Record, SampleCursor
+from ..sources.chunk import WorkChunk
 from .value_digest import value_digest
 
 
@@ -35,15 +41,23 @@ class ReplayFilter(Operator):
         self.monotone = monotone
         self.target: SampleCursor | None = None
         self.digest: int | None = None
+        self.chunks: dict[int, WorkChunk] = {}  # the restored inflight chunks, for messages
 
     def for_lane(self, lane: int) -> ReplayFilter:
         new = ReplayFilter(self.name, self.monotone)
         new.ctx = dataclasses.replace(self.ctx, lane=lane)
         return new
 
-    def set_target(self, cursor: SampleCursor | None, digest: int | None = None) -> None:
-        """The replay cursor of the lane's last delivered output (None: nothing to drop)."""
+    def set_target(
+        self,
+        cursor: SampleCursor | None,
+        digest: int | None = None,
+        chunks: Iterable[WorkChunk] = (),
+    ) -> None:
+        """The replay cursor of the lane's last delivered output (None: nothing to drop),
+        its value digest, and the inflight chunks replay reads (named in a divergence)."""
         self.target, self.digest = cursor, digest if cursor is not None else None
+        self.chunks = {c.chunk_id: c for c in chunks} if cursor is not None else {}
 
     def process(self, record: Record) -> list[Record]:
         target = self.target
@@ -53,14 +67,17 @@ class ReplayFilter(Operator):
             self.target = None
             want, self.digest = self.digest, None
             if want is not None and value_digest(record.payload) != want:
+                docs = [(c.chunk_id, c.offset) for c in record.contributors]
                 raise ReplayDivergence(
                     f"replay on lane {self.ctx.lane} reproduced the saved cursor {tuple(target)} "
-                    f"with other values (digest {value_digest(record.payload):#010x}, "
-                    f"{want:#010x} before the checkpoint): the data or a map function changed "
-                    "since the checkpoint in a way the content fingerprints did not see (an "
-                    "edited row outside the sampled ones?), or an operator is not "
-                    "deterministic. Restore the data and code of the checkpointed run, or "
-                    "pass load_state_dict(state, allow_changes=...) to accept the change"
+                    f"(chunk {target.chunk_id}) with other values (digest "
+                    f"{value_digest(record.payload):#010x}, {want:#010x} before the "
+                    f"checkpoint). The record comes from {self._documents(docs)}, through "
+                    f"{self._chain()}. The content fingerprints (sampled rows, function code) "
+                    "saw no change, so a row outside the sample was edited, or one of these "
+                    "operators is not deterministic. Restore the data and code of the "
+                    "checkpointed run, or pass load_state_dict(state, allow_changes="
+                    "{'data'} or {'functions'}) to accept the change"
                 )
         elif self.monotone and record.cursor.chunk_id > target.chunk_id:
             self._diverged(target, f"a record of later chunk {record.cursor.chunk_id}")
@@ -85,10 +102,31 @@ class ReplayFilter(Operator):
     def _diverged(self, target: SampleCursor, where: str) -> None:
         raise ReplayDivergence(
             f"replay on lane {self.ctx.lane} reached {where} without reproducing the saved "
-            f"cursor {tuple(target)}; an operator is not deterministic or keeps state "
+            f"cursor {tuple(target)} (chunk {target.chunk_id}, "
+            f"{self._documents([(target.chunk_id, target.offset)])}) through "
+            f"{self._chain()}; one of these operators is not deterministic or keeps state "
             "outside its per-lane instance (randomness must be keyed by seed, lane and "
             "replayed cursors), or the data or pipeline changed since the checkpoint"
         )
+
+    def _documents(self, where: list[tuple[int, int]]) -> str:
+        """'dataset 'prose' row 12 (chunk 3 offset 5), ...' for (chunk, offset) pairs."""
+        names = self.ctx.component_names
+        out = []
+        for chunk_id, offset in dict.fromkeys(where):
+            chunk = self.chunks.get(chunk_id)
+            if chunk is None or offset >= len(chunk):
+                out.append(f"chunk {chunk_id} offset {offset}")
+                continue
+            d, row = chunk.components[offset], chunk.rows[offset]
+            name = names[d] if d < len(names) else str(d)
+            out.append(f"dataset {name!r} row {row} (chunk {chunk_id} offset {offset})")
+        shown = ", ".join(out[:6]) + (f" and {len(out) - 6} more" if len(out) > 6 else "")
+        return shown or "no document"
+
+    def _chain(self) -> str:
+        ops = [op.name for op in self.ctx.upstream]
+        return "the operators " + " -> ".join(["source", *ops]) if ops else "the source"
 
     def describe(self) -> dict:
         return {"op": "replay_filter", "name": self.name}

@@ -14,10 +14,15 @@
 4. progress -- lane progress consistent with one global position;
 5. ranges -- every lane field against this pipeline: the source state (validated by
    the lane's own WorkSource), each inflight chunk's rows inside their datasets,
-   boundaries, the replay cursor inside an inflight chunk, token counters.
+   boundaries, the replay cursor inside an inflight chunk, token counters; then each
+   inflight chunk against the digest saved with it (a pointer changed in range).
 
 A crafted or corrupted state therefore fails here with a typed error naming the
 field, never later as a hang, a ``MemoryError`` or an ``IndexError`` mid-stream.
+
+:func:`check_alone` runs the checks that need no pipeline (1, 4 and the lane fields
+of 5 against the state's own configuration): what ``zephon inspect`` and ``zephon diff``
+of two checkpoints apply, so they never call a state restorable that ``admit`` refuses.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
+from ..validate import is_int
+from .provenance import version_note
 from .remix import REMIX_CHANGES, mixture_only_diff, remix
-from .state import LaneState, PipelineState, check_progress
+from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 
 #: what ``allow_changes=`` may name
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
@@ -50,6 +57,8 @@ def admit(
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
     if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
+        for ls in parsed.lanes.values():
+            check_chunk_digests(ls)  # the chunks as saved, before remix renumbers them
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source, plan.ops)
@@ -65,6 +74,7 @@ def admit(
             + ("; ".join(diff[:10]) if diff else "fingerprints differ")
             + "."
             + hint
+            + version_note(parsed.written_by, diff)
         )
     _check_content(parsed, plan, allowed)
     if parsed.position < 0:
@@ -132,27 +142,45 @@ def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> 
         )
 
 
+def check_alone(state: Any) -> PipelineState:
+    """Parse ``state`` and check everything that needs no pipeline, against the state's own
+    configuration: schema, position, lane progress, each lane's counters, boundaries and
+    replay cursor. Returns the parsed state.
+
+    Raises:
+        CorruptCheckpoint / IncompatibleCheckpoint: as :func:`admit` would for them.
+    """
+    parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
+    if parsed.position < 0:
+        raise CorruptCheckpoint(f"position {parsed.position} is negative")
+    config = parsed.config
+    lanes, k = config.get("canonical_replicas"), config.get("flush_every_k_chunks")
+    if not is_int(lanes) or not is_int(k) or lanes < 1 or k < 0:
+        raise CorruptCheckpoint(
+            f"config has canonical_replicas={lanes!r}, flush_every_k_chunks={k!r}: not the "
+            "configuration of a Zephon pipeline"
+        )
+    source = config.get("source")
+    names = source.get("names") if isinstance(source, dict) else None
+    n_comp = len(names) if isinstance(names, list) else None  # a custom source may not say
+    check_progress(parsed, lanes)
+    for ls in parsed.lanes.values():
+        _check_lane_fields(ls, n_comp, k)
+        check_chunk_digests(ls)
+    return parsed
+
+
 def _check_lane(ls: LaneState, plan: Any) -> None:
     where = f"lane {ls.lane}"
-    for name in ("floor", "next_chunk", "delivered"):
-        if getattr(ls, name) < 0:
-            raise CorruptCheckpoint(f"{where}: {name}={getattr(ls, name)} is negative")
-    n_comp = len(plan.source.component_names)
-    if len(ls.tokens) != n_comp or any(t < 0 for t in ls.tokens):
-        raise CorruptCheckpoint(f"{where}: tokens {ls.tokens[:8]} must be {n_comp} counts >= 0")
-    if ls.prior is not None:
+    _check_lane_fields(ls, len(plan.source.component_names), plan.k)
+    if ls.prior is not None:  # every operator named in the prior keeps mixture targets here
         mixing = {op.name for op in plan.ops if op.mixture_keys}
-        for name, targets in ((None, ls.prior.targets), *ls.prior.ops):
-            if len(targets) != n_comp or (name is not None and name not in mixing):
+        for name, _targets in ls.prior.ops:
+            if name not in mixing:
                 raise CorruptCheckpoint(
-                    f"{where}: prior targets {targets} of {name or 'the source'!r} must be "
-                    f"{n_comp} weights of the source or of an operator with mixture targets "
-                    f"({sorted(mixing)})"
+                    f"{where}: prior targets of {name!r}: no operator of this pipeline with "
+                    f"mixture targets has that name ({sorted(mixing)})"
                 )
-    if ls.exhausted and (ls.chunks or ls.boundaries):
-        raise CorruptCheckpoint(f"{where}: an ended lane holds inflight chunks or boundaries")
-    _check_boundaries(ls, plan.k, where)
-    _check_cursor(ls, where)
     check = getattr(plan.source, "check_chunk", None)
     if check is not None:
         for chunk in ls.chunks:
@@ -173,6 +201,29 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
         raise CorruptCheckpoint(
             f"{where}: next_chunk={ls.next_chunk} but the source state continues at chunk {next_id}"
         )
+    check_chunk_digests(ls)  # after the range checks, which say more about what is wrong
+
+
+def _check_lane_fields(ls: LaneState, n_comp: int | None, k: int) -> None:
+    """The lane's own fields, against the number of datasets (None: unknown) and ``k``."""
+    where = f"lane {ls.lane}"
+    for name in ("floor", "next_chunk", "delivered"):
+        if getattr(ls, name) < 0:
+            raise CorruptCheckpoint(f"{where}: {name}={getattr(ls, name)} is negative")
+    n = len(ls.tokens) if n_comp is None else n_comp
+    if len(ls.tokens) != n or any(t < 0 for t in ls.tokens):
+        raise CorruptCheckpoint(f"{where}: tokens {ls.tokens[:8]} must be {n} counts >= 0")
+    if ls.prior is not None:
+        for name, targets in ((None, ls.prior.targets), *ls.prior.ops):
+            if len(targets) != n:
+                raise CorruptCheckpoint(
+                    f"{where}: prior targets {targets} of {name or 'the source'!r} must be "
+                    f"{n} weights"
+                )
+    if ls.exhausted and (ls.chunks or ls.boundaries):
+        raise CorruptCheckpoint(f"{where}: an ended lane holds inflight chunks or boundaries")
+    _check_boundaries(ls, k, where)
+    _check_cursor(ls, where)
 
 
 def _check_boundaries(ls: LaneState, k: int, where: str) -> None:

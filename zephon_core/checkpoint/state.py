@@ -11,12 +11,16 @@ round-robin position g) and ``lanes`` -- one entry per canonical lane:
 (the inflight chunks, in full), ``boundaries`` (incl. the trailing one),
 ``source`` (WorkSource state after the last inflight chunk), ``cursor``
 (replay cursor), ``digest`` (value digest behind the last delivered output),
-``delivered`` (lane progress), ``exhausted``, ``tokens`` and, for a while after a re-mix, ``prior``
-(the old targets of the operators that keep mixture targets, ``remix.py``).
+``delivered`` (lane progress), ``exhausted``, ``tokens``, ``chunk_digests`` (a CRC-32
+of each inflight chunk's id, seed and pointers, so a pointer changed after the save is
+refused instead of replayed) and, for a while after a re-mix, ``prior`` (the old
+targets of the operators that keep mixture targets, ``remix.py``).
 Per-offset bitmaps are deliberately absent: replay rebuilds them.
 
-Version 1 states (before ``content`` and ``digest``) are still read; they restore
-without the content checks.
+Since schema version 3 a state also names the Zephon that wrote it (``zephon_version``),
+so a refusal can say which release can resume it (``provenance.py``). Older states are
+still read: version 2 (without ``zephon_version`` and ``chunk_digests``) exactly as
+before; version 1 (also without ``content`` and ``digest``) without the content checks.
 
 ``to_dict()`` and ``from_dict()`` copy every container, so a state handed out never
 shares anything with a running pipeline, and editing it changes nothing else.
@@ -32,9 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .._version import __version__
 from ..errors import ContractViolation, CorruptCheckpoint, IncompatibleCheckpoint
 from ..records import SampleCursor
 from ..sources.chunk import WorkChunk
@@ -42,23 +49,29 @@ from ..validate import is_int
 from .value_digest import Deferred, resolve
 
 FORMAT = "zephon.pipeline_state"
-VERSION = 2
+VERSION = 3
+#: the schema versions this Zephon reads
+READS = (1, 2, VERSION)
 
-_LANE_KEYS_V1 = {
-    "lane",
-    "floor",
-    "next_chunk",
-    "chunks",
-    "boundaries",
-    "source",
-    "cursor",
-    "delivered",
-    "exhausted",
-    "tokens",
-}
-_LANE_KEYS = _LANE_KEYS_V1 | {"digest"}
-_TOP_KEYS_V1 = {"format", "version", "fingerprint", "config", "position", "lanes"}
-_TOP_KEYS = _TOP_KEYS_V1 | {"content"}
+_LANE_KEYS_V1 = frozenset(
+    {
+        "lane",
+        "floor",
+        "next_chunk",
+        "chunks",
+        "boundaries",
+        "source",
+        "cursor",
+        "delivered",
+        "exhausted",
+        "tokens",
+    }
+)
+_LANE_KEYS = {1: _LANE_KEYS_V1, 2: _LANE_KEYS_V1 | {"digest"}}
+_LANE_KEYS[3] = _LANE_KEYS[2] | {"chunk_digests"}
+_TOP_KEYS_V1 = frozenset({"format", "version", "fingerprint", "config", "position", "lanes"})
+_TOP_KEYS = {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V1 | {"content"}}
+_TOP_KEYS[3] = _TOP_KEYS[2] | {"zephon_version"}
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +84,16 @@ def plain_copy(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [plain_copy(v) for v in x]
     return x
+
+
+def chunk_digest(chunk: WorkChunk) -> int:
+    """CRC-32 of a chunk's id, seed, components and rows (little-endian uint64s): stored
+    next to each inflight chunk, so a pointer that changed after the save is caught at
+    admission instead of replaying another document."""
+    n = 2 + 2 * len(chunk.rows)
+    return zlib.crc32(
+        struct.pack(f"<{n}Q", chunk.chunk_id, chunk.seed, *chunk.components, *chunk.rows)
+    )
 
 
 def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
@@ -133,14 +156,19 @@ class LaneState:
     #: after a re-mix: operators keep their old mixture targets in flush segments that
     #: start before chunk ``prior.chunk`` (``remix.py``)
     prior: Prior | None = None
+    #: the chunk digests a state was read with (None: a version-2 state had none), checked
+    #: by admission (:func:`check_chunk_digests`); ``to_dict`` computes them afresh
+    saved_digests: tuple[int, ...] | None = field(default=None, compare=False)
 
     def copy(self) -> LaneState:
-        """A copy whose lists can change independently (the source state never changes)."""
+        """A copy whose lists can change independently (the source state never changes);
+        its chunks may change, so the digests read with them are not kept."""
         return dataclasses.replace(
             self,
             chunks=list(self.chunks),
             boundaries=list(self.boundaries),
             tokens=list(self.tokens),
+            saved_digests=None,
         )
 
     def progress(self) -> Delivery:
@@ -189,6 +217,7 @@ class LaneState:
             "floor": self.floor,
             "next_chunk": self.next_chunk,
             "chunks": [c.to_state() for c in self.chunks],
+            "chunk_digests": [chunk_digest(c) for c in self.chunks],
             "boundaries": list(self.boundaries),
             "source": plain_copy(self.source),
             "cursor": list(self.cursor) if self.cursor is not None else None,
@@ -207,7 +236,7 @@ class LaneState:
 
     @classmethod
     def from_dict(cls, d: Any, version: int = VERSION) -> LaneState:
-        keys = _LANE_KEYS if version >= 2 else _LANE_KEYS_V1
+        keys = _LANE_KEYS[version]
         _check_keys(
             d, keys | ({"prior"} if isinstance(d, dict) and "prior" in d else set()), "lane state"
         )
@@ -250,6 +279,13 @@ class LaneState:
                     f"{[c.chunk_id for c in chunks][:20]} are not the "
                     f"consecutive range [{floor}, {next_chunk})"
                 )
+        if version >= 3:  # states of earlier versions carry no chunk digests
+            digests = _list(d["chunk_digests"], f"lane {lane}: chunk_digests")
+            if len(digests) != len(chunks):
+                raise CorruptCheckpoint(
+                    f"lane {lane}: {len(digests)} chunk digests for {len(chunks)} inflight chunks"
+                )
+            st.saved_digests = tuple(_int(x, "chunk digest") for x in digests)
         if not isinstance(st.source, dict):
             raise CorruptCheckpoint(f"lane {lane}: source state is not a dict")
         return st
@@ -265,11 +301,15 @@ class PipelineState:
     content: dict[str, dict[str, str]] | None = None
     #: where the state was read from, for the restore log (never serialized)
     origin: str | None = None
+    #: the Zephon release that wrote the state (None: written before states recorded it);
+    #: a state written again is written by this release
+    written_by: str | None = __version__
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": VERSION,
+            "zephon_version": __version__,
             "fingerprint": self.fingerprint,
             "config": plain_copy(self.config),
             "content": plain_copy(self.content)
@@ -287,12 +327,18 @@ class PipelineState:
                 f"{FORMAT!r}); pass what Pipeline.checkpoint() returned"
             )
         version = d.get("version")
-        if version not in (1, VERSION) or isinstance(version, bool):
+        if version not in READS or isinstance(version, bool):
+            writer = d.get("zephon_version")
+            by = f" (written by Zephon {writer})" if isinstance(writer, str) else ""
             raise IncompatibleCheckpoint(
-                f"checkpoint schema version {version!r}, this Zephon reads versions 1 to "
-                f"{VERSION}; resume with the Zephon release that wrote it"
+                f"checkpoint schema version {version!r}{by}: this Zephon ({__version__}) "
+                f"reads versions {READS[0]} to {VERSION} and cannot resume it; resume with "
+                f"the Zephon release that wrote it{' (' + writer + ')' if by else ''}"
             )
-        _check_keys(d, _TOP_KEYS if version >= 2 else _TOP_KEYS_V1, "pipeline state")
+        _check_keys(d, _TOP_KEYS[version], "pipeline state")
+        written_by = d.get("zephon_version")
+        if version >= 3 and not isinstance(written_by, str):
+            raise CorruptCheckpoint(f"zephon_version is {written_by!r}, expected a string")
         lanes = {}
         for ld in _list(d["lanes"], "lanes"):
             ls = LaneState.from_dict(ld, version)
@@ -315,6 +361,7 @@ class PipelineState:
             _int(d["position"], "position"),
             lanes,
             content,
+            written_by=written_by,
         )
 
 
@@ -332,6 +379,28 @@ def _content(c: Any) -> dict[str, dict[str, str]]:
             raise CorruptCheckpoint(f"content fingerprints {part!r} must map names to strings")
         out[part] = dict(table)
     return out
+
+
+def check_chunk_digests(ls: LaneState) -> None:
+    """Each inflight chunk must match the digest saved with it (states that carry them).
+
+    Raises:
+        CorruptCheckpoint: naming the lane and the chunk.
+    """
+    if ls.saved_digests is None:
+        return
+    for chunk, want in zip(ls.chunks, ls.saved_digests, strict=True):
+        try:
+            got: int | None = chunk_digest(chunk)
+        except struct.error:  # a pointer beyond 64 bits
+            got = None
+        if got != want:
+            raise CorruptCheckpoint(
+                f"lane {ls.lane}: inflight chunk {chunk.chunk_id} does not match its digest "
+                f"({want} saved, {got} from its pointers): its components, rows or seed "
+                "changed after the checkpoint was written, and replaying it would deliver "
+                "other documents. Restore from an intact copy of the checkpoint"
+            )
 
 
 def _prior(x: Any, lane: int) -> Prior | None:

@@ -1,7 +1,8 @@
 """The ``zephon`` command: look into checkpoints and check your own pipeline.
 
 ``zephon inspect PATH``   a state file, a Lightning ``.ckpt`` or an HF ``checkpoint-N/``
-``zephon diff A B``       why two checkpoints (or a checkpoint and a pipeline) differ
+``zephon diff A B``       whether B (a checkpoint or a pipeline) accepts checkpoint A, and
+                          why not; ``--allow-changes weights,...`` as ``load_state_dict``
 ``zephon explain M:F``    the plan of the pipeline ``F()`` in module ``M``, with a legend
 ``zephon verify M:F``     cut, restore and compare (``assert_resume_equivalent``)
 ``zephon bench M:F``      batches/s and tokens/s of your pipeline
@@ -9,6 +10,10 @@
 
 ``M:F`` names a module (importable, or a ``.py`` path) and a zero-argument function in
 it that returns a ``Pipeline``. Built on ``click`` (install ``zephon[cli]``).
+
+Checkpoints are read as a restore reads them: the same checks (a state the restore would
+refuse is an error, exit code 1), and a ``.ckpt`` without running code from it
+(``torch_files.py``; ``--trust-pickle`` for a file you wrote).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 A state can sit in a Zephon state file (``pipe.save()``, msgpack+zstd), in a Lightning
 ``.ckpt`` (under the top-level key ``"zephon"``, or an older datamodule entry), or in
 an HF ``checkpoint-N/`` directory (``zephon_state.msgpack.zst``). ``read_any`` takes any
-of them; ``summary`` turns a state into what ``zephon inspect`` prints.
+of them -- a torch file without running code from it (``torch_files.py``) -- and checks
+it as a restore would, as far as that needs no pipeline (``checkpoint/restore.py``
+``check_alone``); ``summary`` turns a state into what ``zephon inspect`` prints.
 """
 
 from __future__ import annotations
@@ -13,17 +15,36 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import codec
+from ..checkpoint.provenance import writer
+from ..checkpoint.restore import check_alone
+from ..checkpoint.state import PipelineState
 from ..checkpoint.trainer_files import HF_STATE_FILE, legacy_lightning_state, lightning_entry
 from ..engine.mixture_report import dataset_totals
 from ..errors import CorruptCheckpoint
+from .torch_files import load_torch_file
 
 
-def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
-    """The state at ``path`` and what kind of file held it.
+def read_state(
+    path: str | os.PathLike, trust_pickle: bool = False
+) -> tuple[dict[str, Any], PipelineState, str]:
+    """The state at ``path`` (as stored, and parsed) and what kind of file held it.
+
+    Raises:
+        CorruptCheckpoint / IncompatibleCheckpoint: the state is malformed, or out of
+            range, as a restore would say (checks that need no pipeline).
+        UntrustedCheckpoint: a torch file that names code (see ``torch_files.py``).
+    """
+    raw, kind = read_any(path, trust_pickle)
+    return raw, check_alone(raw), kind
+
+
+def read_any(path: str | os.PathLike, trust_pickle: bool = False) -> tuple[dict[str, Any], str]:
+    """The state at ``path`` as stored, unchecked, and what kind of file held it.
 
     Raises:
         CorruptCheckpoint: nothing at ``path`` holds a Zephon state (the message says
             what was looked for).
+        UntrustedCheckpoint: a torch file that names code (see ``torch_files.py``).
     """
     p = Path(path)
     if p.is_dir():
@@ -39,16 +60,11 @@ def read_any(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     data = codec.read_bytes(p)
     if data.startswith(codec.MAGIC):
         return codec.decode(data), "Zephon state file"
-    return _from_torch(p), "Lightning checkpoint"
+    return _from_torch(p, trust_pickle), "Lightning checkpoint"
 
 
-def _from_torch(p: Path) -> dict[str, Any]:
-    import torch
-
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - named
-        raise CorruptCheckpoint(f"{p} is not a readable torch checkpoint: {e}") from e
+def _from_torch(p: Path, trust_pickle: bool) -> dict[str, Any]:
+    ckpt = load_torch_file(p, trust_pickle)
     if not isinstance(ckpt, dict):
         raise CorruptCheckpoint(f"{p} holds a {type(ckpt).__name__}, not a checkpoint dict")
     entry = lightning_entry(ckpt)
@@ -64,8 +80,8 @@ def _from_torch(p: Path) -> dict[str, Any]:
     )
 
 
-def summary(state: dict[str, Any]) -> dict[str, Any]:
-    """What ``zephon inspect`` reports (JSON-able)."""
+def summary(state: dict[str, Any], parsed: PipelineState) -> dict[str, Any]:
+    """What ``zephon inspect`` reports (JSON-able), of a state ``check_alone`` passed."""
     config = state.get("config", {})
     src = config.get("source", {})
     lanes = [
@@ -97,6 +113,8 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
     return {
         "format": state.get("format"),
         "version": state.get("version"),
+        "zephon_version": parsed.written_by,
+        "written_by": writer(parsed.written_by, state.get("version")),
         "fingerprint": state.get("fingerprint"),
         "position": state.get("position"),
         "lanes": lanes,

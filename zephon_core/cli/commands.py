@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from ..checkpoint.fingerprint import config_diff
-from ..checkpoint.restore import content_changes
+from ..checkpoint.restore import ALLOWED_CHANGES
 from ..errors import ZephonError
-from .checkpoints import read_any, summary
+from .checkpoints import read_state, summary
+from .compare import compare_states, remix_lines
 
 LEGEND = """\
 Legend:
@@ -61,7 +61,10 @@ def _load_factory(spec: str):
 def _build(spec: str):
     from ..engine.pipeline import Pipeline
 
-    pipe = _load_factory(spec)()
+    try:
+        pipe = _load_factory(spec)()
+    except ZephonError as e:  # the factory built an invalid pipeline: say so, typed
+        raise click.ClickException(f"{spec}(): {type(e).__name__}: {e}") from None
     if not isinstance(pipe, Pipeline):
         raise click.BadParameter(f"{spec}() returned {type(pipe).__name__}, not a Pipeline")
     return pipe
@@ -72,17 +75,31 @@ def cli() -> None:
     pass
 
 
+TRUST_PICKLE = click.option(
+    "--trust-pickle",
+    is_flag=True,
+    help="Load a torch file with full pickle (runs code it names): only for files you trust. "
+    "Without it, .ckpt files are read with torch.load(weights_only=True) and plain data types.",
+)
+
+
+def _read(path: str, trust_pickle: bool):
+    try:
+        return read_state(path, trust_pickle)
+    except ZephonError as e:
+        raise click.ClickException(f"{path}: {type(e).__name__}: {e}") from None
+
+
 @cli.command()
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect(path: str, as_json: bool) -> None:
+@TRUST_PICKLE
+def inspect(path: str, as_json: bool, trust_pickle: bool) -> None:
     """A state file, a Lightning .ckpt or an HF checkpoint-N/ directory: position, lanes,
-    per-dataset documents/epochs/tokens, inflight chunks, configuration."""
-    try:
-        state, kind = read_any(path)
-    except ZephonError as e:
-        raise click.ClickException(str(e)) from e
-    info = summary(state)
+    per-dataset documents/epochs/tokens, inflight chunks, configuration. A state a restore
+    would refuse for itself (malformed, out of range) is an error (exit code 1)."""
+    state, parsed, kind = _read(path, trust_pickle)
+    info = summary(state, parsed)
     info["file"] = {"path": str(path), "kind": kind}
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
@@ -90,6 +107,7 @@ def inspect(path: str, as_json: bool) -> None:
     src = info["config"]["source"]
     click.echo(f"{kind}: {path}")
     click.echo(f"  format {info['format']} v{info['version']}, fingerprint {info['fingerprint']}")
+    click.echo(f"  written by {info['written_by']}")
     click.echo(
         f"  global position {info['position']}; {len(info['lanes'])} lanes, "
         f"{info['inflight_chunks']} inflight chunks to replay"
@@ -118,34 +136,53 @@ def inspect(path: str, as_json: bool) -> None:
     )
 
 
+def _allowed(value: str) -> list[str]:
+    names = sorted({n.strip() for n in value.split(",") if n.strip()})
+    unknown = [n for n in names if n not in ALLOWED_CHANGES]
+    if unknown:
+        raise click.BadParameter(
+            f"{unknown}: use any of {sorted(ALLOWED_CHANGES)}, comma-separated",
+            param_hint="--allow-changes",
+        )
+    return names
+
+
 @cli.command()
 @click.argument("a")
 @click.argument("b")
-def diff(a: str, b: str) -> None:
-    """Why checkpoint A does not restore as B: B is another checkpoint, or a pipeline
-    factory (module:function). Exit code 1 when they differ."""
-    try:
-        sa, _ = read_any(a)
-        sb = read_any(b)[0] if Path(b).exists() else None
-    except ZephonError as e:
-        raise click.ClickException(str(e)) from e
-    if sb is not None:
-        lines = config_diff(sa.get("config"), sb.get("config"))
-        # the comparison restore makes (in B, "now" is the second checkpoint)
-        changes = content_changes(sa.get("content") or {}, sb.get("content") or {})
-        lines += changes["data"] + changes["functions"]
-        if not lines:
-            click.echo("same configuration and content: B restores A's state exactly")
-            return
+@click.option(
+    "--allow-changes",
+    default="",
+    help="Comma-separated changes the restore may accept, as load_state_dict(allow_changes=): "
+    "weights, components (re-mix), data, functions.",
+)
+@TRUST_PICKLE
+def diff(a: str, b: str, allow_changes: str, trust_pickle: bool) -> None:
+    """Whether B accepts checkpoint A, and why not: B is another checkpoint, or a pipeline
+    factory (module:function), which runs the restore's own admission. Exit code 1 when
+    B would refuse A."""
+    allowed = _allowed(allow_changes)
+    raw_a, sa, _ = _read(a, trust_pickle)
+    if Path(b).exists():
+        _, sb, _ = _read(b, trust_pickle)
+        ok, lines = compare_states(sa, sb, allowed)
         click.echo("\n".join(lines))
-        raise SystemExit(1)
-    pipe = _build(b)
+        if not ok:
+            raise SystemExit(1)
+        return
+    pipe = _build(b).description()
     try:
-        pipe.description().load_state_dict(sa)
+        pipe.load_state_dict(raw_a, allow_changes=allowed, origin=a)
+        plan = pipe.compile()
     except ZephonError as e:
         click.echo(f"{type(e).__name__}: {e}")
         raise SystemExit(1) from None
-    click.echo(f"{b}() restores {a} exactly")
+    if not allowed:
+        click.echo(f"{b}() restores {a} exactly")
+        return
+    click.echo(f"{b}() accepts {a} with allow_changes={allowed}")
+    for line in remix_lines(sa, plan.config, plan.source, plan.content, allowed):
+        click.echo(f"  {line}")
 
 
 @cli.command()

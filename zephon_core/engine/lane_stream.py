@@ -111,7 +111,7 @@ class LaneStream:
             for i, op in enumerate(plan.ops)
         ]
         if plan.replay_index is not None:
-            self.ops[plan.replay_index].set_target(state.cursor, state.digest)
+            self.ops[plan.replay_index].set_target(state.cursor, state.digest, state.chunks)
         # without batch the replay filter sits at the tail: an output is the record it
         # will look for, so its digest is taken here (batch records carry their own)
         self._digest_outputs = (

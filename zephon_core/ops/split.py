@@ -1,5 +1,10 @@
 """split: token sequences longer than ``max_len`` become children of <= max_len tokens,
-optionally framed by ``bos_id`` / ``eos_id`` first (one per document, not per child)."""
+optionally framed by ``bos_id`` / ``eos_id`` first (one per document, not per child).
+
+``bos_id`` / ``eos_id`` are checked when the pipeline is described: token ids below
+:data:`MAX_TOKEN_ID` (2**31 - 1; no vocabulary comes near it, so a larger id is a
+mistake -- a byte count, a hash). A document whose token array is too narrow for them
+(uint8 bytes and ``eos_id=256``) is framed in the smallest dtype that holds both."""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ from ..errors import ConfigError
 from ..records import Contributor, Record, SampleCursor
 from ..validate import int_arg
 from .base import Operator, OpTraits, token_array
+
+#: the largest token id split accepts for bos_id / eos_id (int32's maximum)
+MAX_TOKEN_ID = 2**31 - 1
 
 
 class SplitOp(Operator):
@@ -32,8 +40,9 @@ class SplitOp(Operator):
         eos_id: int | None = None,
     ):
         max_len = int_arg("max_len", max_len, minimum=1, where="split")
-        self.bos_id = int_arg("bos_id", bos_id, minimum=0, allow_none=True, where="split")
-        self.eos_id = int_arg("eos_id", eos_id, minimum=0, allow_none=True, where="split")
+        ids = {"minimum": 0, "maximum": MAX_TOKEN_ID, "allow_none": True, "where": "split"}
+        self.bos_id = int_arg("bos_id", bos_id, **ids)
+        self.eos_id = int_arg("eos_id", eos_id, **ids)
         self.max_len = max_len
         self.key = key
         self.parallelism = parallelism
@@ -89,9 +98,16 @@ class SplitOp(Operator):
                 f"per-token arrays {side} that the inserted tokens would misalign; add the "
                 "special tokens in your tokenize map instead"
             )
+        tokens = np.asarray(tokens)
+        if tokens.dtype.kind not in "iu":  # empty (token_array refuses other floats)
+            tokens = tokens.astype(np.int64)
+        special = [t for t in (self.bos_id, self.eos_id) if t is not None]
+        dtype, info = tokens.dtype, np.iinfo(tokens.dtype)
+        if not all(info.min <= t <= info.max for t in special):  # widen only when needed
+            dtype = np.result_type(dtype, *(np.min_scalar_type(t) for t in special))
         parts = ([self.bos_id] if self.bos_id is not None else [], tokens)
         parts += ([self.eos_id] if self.eos_id is not None else [],)
-        framed = np.concatenate([np.asarray(p, dtype=tokens.dtype) for p in parts])
+        framed = np.concatenate([np.asarray(p, dtype=dtype) for p in parts])
         return {**payload, self.key: framed}, framed
 
     def describe(self) -> dict:

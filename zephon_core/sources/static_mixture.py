@@ -195,7 +195,7 @@ class StaticMixtureWorkSource:
                 "for weights_unit='tokens' (or a WeightSchedule by tokens)"
             )
         self.token_lengths: tuple[ComponentLengths | None, ...] = tuple(
-            resolve_lengths(lengths, self.component_names, dss, self.lengths)
+            resolve_lengths(lengths, self.component_names, dss, self.lengths, self.ever_weighted)
         )
         self.needs_tokens = needs_tokens
         self._getitems = [getattr(d, "__getitems__", None) for d in dss]
