@@ -45,6 +45,7 @@ from typing import Any
 from ..rng import derive_seed
 from .digest_walk import Budgeted, hf_fingerprint
 from .function_parts import function_parts, is_code_part
+from .tokenizer_digest import shared_texts
 
 FULL_ROWS = 64  # datasets up to this many rows are digested whole
 SAMPLED_ROWS = 32  # otherwise: first, last and this many seed-picked rows
@@ -64,13 +65,14 @@ def content_fingerprints(source: Any, ops: Sequence[Any]) -> dict[str, Any]:
     {operator name: {part: digest}}}`` of a plan."""
     components = getattr(source, "content_fingerprints", None)
     out_ops, parts = {}, {}
-    for op in ops:
-        fp = op.content_fingerprint()
-        if fp is not None:
-            out_ops[op.name] = fp
-            named = getattr(op, "content_parts", None)
-            if callable(named):
-                parts[op.name] = named()
+    with shared_texts():  # a tokenizer is serialized once for the digest and the parts
+        for op in ops:
+            fp = op.content_fingerprint()
+            if fp is not None:
+                out_ops[op.name] = fp
+                named = getattr(op, "content_parts", None)
+                if callable(named):
+                    parts[op.name] = named()
     return {
         "components": dict(components()) if components is not None else {},
         "ops": out_ops,

@@ -437,8 +437,10 @@ def _library(module: str) -> bool:
     if module == "__main__":
         return False
     loaded = sys.modules.get(module)
+    if loaded is None:
+        return False  # loaded from a file without an import (``zephon diff STATE x.py:f``)
     file = getattr(loaded, "__file__", None)
-    if loaded is None or not file:
+    if not file:
         return True  # builtins, extension-only and frozen modules
     return str(file).startswith(_LIBRARY_ROOTS)
 
