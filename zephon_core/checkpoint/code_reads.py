@@ -20,6 +20,7 @@ which is the safe direction: more of the object counts, never less.
 from __future__ import annotations
 
 import dis
+import functools
 import types
 from typing import Any
 
@@ -78,7 +79,7 @@ def _cell_paths(code: types.CodeType, name: str) -> list[Path]:
 
 
 def _paths(code: types.CodeType, name: str, kind: str, nested: bool) -> list[Path]:
-    ins = [i for i in dis.get_instructions(code) if i.opname not in _SKIP]
+    ins = _instructions(code)
     loads, writes = _LOADS[kind], _WRITES[kind]
     out: list[Path] = []
     for at, i in enumerate(ins):
@@ -93,7 +94,13 @@ def _paths(code: types.CodeType, name: str, kind: str, nested: bool) -> list[Pat
     return out
 
 
-def _path_after(ins: list[dis.Instruction], at: int) -> Path:
+@functools.lru_cache(maxsize=256)
+def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
+    """A function's instructions, once per compile rather than once per variable."""
+    return tuple(i for i in dis.get_instructions(code) if i.opname not in _SKIP)
+
+
+def _path_after(ins: tuple[dis.Instruction, ...], at: int) -> Path:
     """The attribute/constant-key accesses that follow a load at ``ins[at - 1]``."""
     path: list[Step] = []
     while at < len(ins):
@@ -116,7 +123,7 @@ def _path_after(ins: list[dis.Instruction], at: int) -> Path:
     return tuple(path)
 
 
-def _get_key(ins: list[dis.Instruction], at: int) -> tuple[Any] | None:
+def _get_key(ins: tuple[dis.Instruction, ...], at: int) -> tuple[Any] | None:
     """``(key,)`` when ``.get`` is called with a constant key (and an optional simple
     default), else None."""
     if at >= len(ins) or ins[at].opname != "LOAD_CONST":

@@ -298,7 +298,9 @@ def param_paths(code: types.CodeType, index: int) -> frozenset[Path]:
     return read_paths(code, code.co_varnames[index], "local")
 
 
-def _self_paths(fn: types.FunctionType) -> frozenset[Path]:
+def _self_paths(fn: Any) -> frozenset[Path]:
+    if not isinstance(fn, types.FunctionType):
+        return frozenset({()})
     return param_paths(fn.__code__, 0)
 
 
