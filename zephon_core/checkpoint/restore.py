@@ -5,12 +5,15 @@
 ``iterate(restore=)``, ``dataloader(restore=)``, the integrations):
 
 1. schema -- ``PipelineState.from_dict`` reads keys and types strictly;
-2. configuration -- the fingerprint, with a diff naming what differs;
+2. content -- a digest per component and per map/filter function (``content.py``),
+   named part by part when it differs (``content_diff.py``); ``allow_changes=
+   {"data"}`` / ``{"functions"}`` accept a deliberate change (positions continue,
+   values may differ). First, because a changed function or dataset also moves the
+   token lengths the pipeline estimated: the cause is reported, not the mixture;
+3. configuration -- the fingerprint, with a diff naming what differs
    (``allow_changes={"weights"}`` / ``{"weights", "components"}`` re-mix instead:
-   ``remix.py``);
-3. content -- a digest per component and per map/filter function
-   (``content.py``); ``allow_changes={"data"}`` / ``{"functions"}`` accept a
-   deliberate change (positions continue, values may differ);
+   ``remix.py``); a state whose configuration still names map/filter functions by
+   module (earlier versions) is read without those names;
 4. progress -- lane progress consistent with one global position;
 5. ranges -- every lane field against this pipeline: the source state (validated by
    the lane's own WorkSource), each inflight chunk's rows inside their datasets,
