@@ -89,17 +89,23 @@ from zephon_core.testing import assert_streams_equal, take
 
 state_path = sys.argv[1]
 args = train.parse(["--resume-from", state_path, "--out", "elsewhere.zst"])
-if "--moved" in sys.argv:  # the same functions, now in another module
-    import moved
-
-    train.tok, train.Clip = moved.tok, moved.Clip
-pipe = train.build(args)
-pipe.load_state_dict(pipe.load(state_path))
 with open(state_path + ".tail", "rb") as f:
     expected = pickle.load(f)
-assert_streams_equal(expected, take(pipe, train.TAIL), "resumed")
-pipe.close()
-print("EXACT")
+
+
+def resume(what):
+    pipe = train.build(args)
+    pipe.load_state_dict(pipe.load(state_path))
+    assert_streams_equal(expected, take(pipe, train.TAIL), what)
+    pipe.close()
+    print("EXACT", what, flush=True)
+
+
+resume("imported")
+import moved  # the same functions, now in another module
+
+train.tok, train.Clip = moved.tok, moved.Clip
+resume("moved")
 """
 
 MOVED = """
@@ -136,14 +142,17 @@ def saved(tmp_path_factory) -> Path:
     return d
 
 
-def test_a_state_saved_as_main_resumes_exactly_where_train_is_imported(saved):
-    r = _run(saved, sys.executable, "resume.py", "state.zst")
-    assert r.returncode == 0 and "EXACT" in r.stdout, r.stderr[-3000:]
+@pytest.fixture(scope="module")
+def resumed(saved) -> subprocess.CompletedProcess:
+    return _run(saved, sys.executable, "resume.py", "state.zst")
 
 
-def test_the_same_functions_moved_to_another_module_resume_exactly(saved):
-    r = _run(saved, sys.executable, "resume.py", "state.zst", "--moved")
-    assert r.returncode == 0 and "EXACT" in r.stdout, r.stderr[-3000:]
+def test_a_state_saved_as_main_resumes_exactly_where_train_is_imported(resumed):
+    assert "EXACT imported" in resumed.stdout, resumed.stderr[-3000:]
+
+
+def test_the_same_functions_moved_to_another_module_resume_exactly(resumed):
+    assert resumed.returncode == 0 and "EXACT moved" in resumed.stdout, resumed.stderr[-3000:]
 
 
 def test_zephon_diff_of_the_state_and_the_script_finds_no_difference(saved):
