@@ -39,7 +39,9 @@ PROSE_JSON = _train([d["text"] for d in PROSE])
 
 def _hf(text: str = PROSE_JSON) -> PreTrainedTokenizerFast:
     """As ``from_pretrained`` would load it: a new object from the same files."""
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer.from_str(text))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer.from_str(text), pad_token="!"
+    )
 
 
 def _pipe(tok) -> Pipeline:
@@ -64,8 +66,10 @@ def test_a_tokenizer_called_with_truncation_before_the_build_resumes_exactly():
         take(pipe, CUT)
         state, tail = pipe.checkpoint(), take(pipe, TAIL)
     tok = _hf()
-    tok("warm up", truncation=True, max_length=64)  # leaves truncation set on the backend
+    # transformers leaves the call's truncation and padding set on the backend
+    tok(["warm up", "a"], truncation=True, max_length=64, padding=True)
     assert tok.backend_tokenizer.truncation is not None
+    assert tok.backend_tokenizer.padding is not None
     pipe = _pipe(tok)
     pipe.load_state_dict(state)
     assert_streams_equal(tail, take(pipe, TAIL), "resumed with a tokenizer called before")

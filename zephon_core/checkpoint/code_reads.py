@@ -36,16 +36,19 @@ _SKIP = frozenset({"EXTENDED_ARG", "NOP", "CACHE"})
 _DYNAMIC = frozenset({"super", "locals", "vars", "globals", "eval", "exec"})
 _CALL = frozenset({"PRECALL", "CALL"})
 _SIMPLE_LOAD = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL"})
+#: the plain loads of a variable, whose following accesses make a path
 _LOADS = {
     "global": frozenset({"LOAD_GLOBAL"}),
     "cell": frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF"}),
-    "local": frozenset({"LOAD_FAST", "LOAD_FAST_CHECK"}),
+    "local": frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"}),
 }
-_WRITES = {
-    "global": frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME"}),
-    "cell": frozenset({"STORE_DEREF", "DELETE_DEREF"}),
-    "local": frozenset({"STORE_FAST", "DELETE_FAST", "LOAD_FAST_AND_CLEAR"}),
-}
+#: instructions that name a variable without using its value (a cell being made or
+#: handed to a nested function, whose own code is read instead)
+_NOT_A_USE = frozenset({"MAKE_CELL", "LOAD_CLOSURE", "COPY_FREE_VARS"})
+#: what the opname of an instruction that accesses a variable contains; any such
+#: instruction naming the variable that is not a plain load (a store, a delete, a
+#: combined load of two locals on a newer Python) makes the whole object count
+_VARIABLE_OPS = ("FAST", "DEREF", "GLOBAL", "NAME", "CLOSURE", "CELL")
 
 
 def read_paths(code: types.CodeType, name: str, kind: str) -> frozenset[Path]:
@@ -80,18 +83,28 @@ def _cell_paths(code: types.CodeType, name: str) -> list[Path]:
 
 def _paths(code: types.CodeType, name: str, kind: str, nested: bool) -> list[Path]:
     ins = _instructions(code)
-    loads, writes = _LOADS[kind], _WRITES[kind]
+    loads = _LOADS[kind]
     out: list[Path] = []
     for at, i in enumerate(ins):
-        if i.opname in writes and i.argval == name:
-            out.append(())
-        elif i.opname in loads and i.argval == name:
+        if not _names(i, name):
+            continue
+        if i.opname in loads and i.argval == name:
             out.append(_path_after(ins, at + 1))
+        elif i.opname not in _NOT_A_USE:
+            out.append(())
     if nested:
         for c in code.co_consts:
             if isinstance(c, types.CodeType):
                 out += _paths(c, name, kind, nested)
     return out
+
+
+def _names(i: dis.Instruction, name: str) -> bool:
+    """Does ``i`` access the variable ``name`` (not an attribute or a constant)?"""
+    if not any(k in i.opname for k in _VARIABLE_OPS):
+        return False
+    v = i.argval
+    return v == name if isinstance(v, str) else isinstance(v, tuple) and name in v
 
 
 @functools.lru_cache(maxsize=256)
