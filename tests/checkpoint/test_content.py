@@ -23,7 +23,7 @@ from zephon_core import (
 )
 from zephon_core.checkpoint.content import FULL_ROWS, function_fingerprint
 from zephon_core.checkpoint.state import PipelineState
-from zephon_core.testing import assert_streams_equal, take
+from zephon_core.testing import assert_streams_equal, first_difference, take
 
 CUT = 9
 # small enough to be digested whole, so an edit to any row is seen at restore
@@ -219,3 +219,92 @@ def test_version_1_states_still_restore(caplog):
     pipe.load_state_dict(old)
     assert_streams_equal(expected, take(pipe, 8), "restored from a version-1 state")
     pipe.close()
+
+
+def _token_weighted(fn) -> Pipeline:
+    """Token weights with lengths the pipeline estimates through ``fn``."""
+    src = StaticMixtureWorkSource(
+        {"prose": SMALL_PROSE, "code": SMALL_CODE},
+        {"prose": 0.7, "code": 0.3},
+        chunk_size=8,
+        seed=7,
+        weights_unit="tokens",
+    )
+    return (
+        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=11, prefetch=0)
+        .fetch()
+        .map(fn, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64, bins=2)
+        .batch(batch_size=2)
+    )
+
+
+def _tokenizer(step: int):
+    """Another tokenizer under the same name: every ``step``-th byte."""
+
+    def tokenize(p):
+        out = byte_tokenize(p)
+        return {**out, "input_ids": out["input_ids"][::step]}
+
+    return tokenize
+
+
+def test_another_tokenizer_is_reported_as_the_function_before_the_lengths_it_moved():
+    with _token_weighted(_tokenizer(1)) as pipe:
+        take(pipe, CUT)
+        state = pipe.checkpoint()
+    with pytest.raises(IncompatibleCheckpoint) as first:
+        _token_weighted(_tokenizer(2)).load_state_dict(state)
+    msg = str(first.value)
+    assert "function of operator 'tokenize': closure 'step' differs" in msg
+    assert "estimated token lengths moved with it" in msg and "token_lengths" in msg
+    assert "Only the mixture differs" not in msg
+    assert "allow_changes=['functions']" in msg
+    # allowing the function: the moved lengths are named as its consequence
+    with pytest.raises(IncompatibleCheckpoint) as second:
+        _token_weighted(_tokenizer(2)).load_state_dict(state, allow_changes={"functions"})
+    assert "moved with the changed function of operator 'tokenize'" in str(second.value)
+    assert "{'functions', 'weights'}" in str(second.value)
+
+
+def _next_rows(state: dict, pipe: Pipeline) -> list[tuple[int, int]]:
+    """(component, row) of the chunk each lane fetches next after ``state``: rows the
+    run has not read yet."""
+    plan = pipe.compile()
+    out = []
+    for ls in state["lanes"]:
+        src = plan.source.open_lane(ls["lane"], plan.num_lanes, plan.seed)
+        src.load_state_dict(ls["source"])
+        chunk = src.next_chunk()
+        out += list(zip(chunk.components, chunk.rows))
+    return out
+
+
+def test_the_limit_an_unread_row_edited_outside_the_sample_is_read_as_it_is_now():
+    # README "What Zephon refuses": a dataset without its own fingerprint is digested by
+    # sampled rows; a row outside the sample that the run has not read yet is read when
+    # the stream reaches it, as any loader would. Nothing can compare it without reading
+    # the whole dataset: the resumed stream is the uninterrupted one over the edited data.
+    prose = [dict(d, id=f"{d['id']}-{k}") for k in range(3) for d in PROSE]
+    assert len(prose) > FULL_ROWS
+    with _pipe(prose=prose) as pipe:
+        take(pipe, CUT)
+        state = pipe.checkpoint()
+    sampled = _pipe(prose=prose).compile().content["components"]["prose"]
+    for component, row in _next_rows(state, _pipe(prose=prose)):
+        edited = _edited(prose, row)
+        if component == 0 and _pipe(prose=edited).compile().content["components"]["prose"] == (
+            sampled
+        ):
+            break
+    else:
+        pytest.fail("no unsampled prose row in the next chunks")
+    pipe = _pipe(prose=edited)
+    pipe.load_state_dict(state)  # accepted: neither the sample nor replay sees the row
+    resumed = take(pipe, 150)
+    pipe.close()
+    with _pipe(prose=edited) as fresh:
+        assert_streams_equal(take(fresh, CUT + 150)[CUT:], resumed, "over the edited data")
+    with _pipe(prose=prose) as original:
+        assert first_difference(take(original, CUT + 150)[CUT:], resumed) is not None

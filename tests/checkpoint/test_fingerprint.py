@@ -125,3 +125,30 @@ def test_replay_filter_is_not_part_of_the_config():
         .batch(batch_size=4)
     ).compile()
     assert no_ckpt.config["ops"] == plan.config["ops"]
+
+
+def _in_module(module: str):
+    """``byte_tokenize`` as if defined in ``module`` (``__main__`` or an imported file)."""
+
+    def tokenize(p):
+        return byte_tokenize(p)
+
+    tokenize.__module__ = module
+    tokenize.__qualname__ = "tokenize"
+    return tokenize
+
+
+def test_the_configuration_names_no_function_location():
+    plans = [
+        Pipeline(source(), canonical_replicas=2, seed=3)
+        .fetch()
+        .map(_in_module(module), name="tokenize", version=version)
+        .filter(_in_module(module), name="keep")
+        .batch(batch_size=4)
+        .compile()
+        for module in ("__main__", "train")
+        for version in (None, "v1")
+    ]
+    assert plans[0].fingerprint == plans[2].fingerprint  # __main__ vs train
+    assert plans[1].fingerprint == plans[3].fingerprint  # with version= too
+    assert plans[0].content == plans[2].content

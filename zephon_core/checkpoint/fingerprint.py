@@ -36,3 +36,19 @@ def config_diff(saved: Any, current: Any, path: str = "") -> list[str]:
             out.extend(config_diff(a, b, f"{path}[{i}]"))
         return out
     return [] if saved == current else [f"{path}: {saved!r} in checkpoint, {current!r} now"]
+
+
+def without_legacy_keys(config: Any) -> dict[str, Any] | None:
+    """``config`` without what earlier versions wrote into it and this one does not: the
+    ``fn`` of map/filter operators (the function's ``module.qualname``, which differs
+    between ``python train.py`` and ``import train``; the content digest identifies the
+    function now). None when ``config`` holds none of it."""
+    ops = config.get("ops") if isinstance(config, dict) else None
+    if not isinstance(ops, list) or not any(_legacy_op(op) for op in ops):
+        return None
+    stripped = [{k: v for k, v in op.items() if k != "fn"} if _legacy_op(op) else op for op in ops]
+    return {**config, "ops": stripped}
+
+
+def _legacy_op(op: Any) -> bool:
+    return isinstance(op, dict) and op.get("op") in ("map", "filter") and "fn" in op

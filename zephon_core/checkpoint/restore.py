@@ -5,12 +5,15 @@
 ``iterate(restore=)``, ``dataloader(restore=)``, the integrations):
 
 1. schema -- ``PipelineState.from_dict`` reads keys and types strictly;
-2. configuration -- the fingerprint, with a diff naming what differs;
+2. content -- a digest per component and per map/filter function (``content.py``),
+   named part by part when it differs (``content_diff.py``); ``allow_changes=
+   {"data"}`` / ``{"functions"}`` accept a deliberate change (positions continue,
+   values may differ). First, because a changed function or dataset also moves the
+   token lengths the pipeline estimated: the cause is reported, not the mixture;
+3. configuration -- the fingerprint, with a diff naming what differs
    (``allow_changes={"weights"}`` / ``{"weights", "components"}`` re-mix instead:
-   ``remix.py``);
-3. content -- a digest per component and per map/filter function
-   (``content.py``); ``allow_changes={"data"}`` / ``{"functions"}`` accept a
-   deliberate change (positions continue, values may differ);
+   ``remix.py``); a state whose configuration still names map/filter functions by
+   module (earlier versions) is read without those names;
 4. progress -- lane progress consistent with one global position;
 5. ranges -- every lane field against this pipeline: the source state (validated by
    the lane's own WorkSource), each inflight chunk's rows inside their datasets,
@@ -33,9 +36,13 @@ from typing import Any
 
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
 from ..validate import is_int
+from .content_diff import content_changes, content_diff
+from .fingerprint import config_diff, fingerprint, without_legacy_keys
 from .provenance import version_note
 from .remix import REMIX_CHANGES, mixture_only_diff, remix
 from .state import LaneState, PipelineState, check_chunk_digests, check_progress
+
+__all__ = ["ALLOWED_CHANGES", "admit", "content_changes"]
 
 #: what ``allow_changes=`` may name
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
@@ -45,6 +52,10 @@ def admit(
     state: Any, plan: Any, allow_changes: Iterable[str] = (), origin: str | None = None
 ) -> PipelineState:
     """Parse and validate ``state`` against ``plan``; returns the state to restore.
+
+    Content is compared before the configuration: a changed tokenizer also moves the
+    estimated token lengths (a configuration difference), and the function is the
+    cause to report, not the mixture.
 
     Raises:
         CorruptCheckpoint: malformed, or a field out of range for this pipeline.
@@ -56,7 +67,14 @@ def admit(
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
-    if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
+    legacy = without_legacy_keys(parsed.config)
+    if legacy is not None:  # written before functions were identified by content alone
+        parsed = dataclasses.replace(parsed, config=legacy, fingerprint=fingerprint(legacy))
+    same_config = parsed.fingerprint == plan.fingerprint
+    changed_fns = _check_content(
+        parsed, plan, allowed, [] if same_config else config_diff(parsed.config, plan.config)
+    )
+    if not same_config and allowed & REMIX_CHANGES:
         for ls in parsed.lanes.values():
             check_chunk_digests(ls)  # the chunks as saved, before remix renumbers them
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
@@ -69,6 +87,11 @@ def admit(
             if diff and not other
             else " Rebuild the pipeline exactly as it was when the checkpoint was taken."
         )
+        if changed_fns and diff and all(_lengths_line(line) for line in diff):
+            hint = (
+                f" The estimated token lengths moved with the changed {changed_fns}: to "
+                "re-mix with the new lengths, pass allow_changes={'functions', 'weights'}."
+            )
         raise IncompatibleCheckpoint(
             "the checkpoint was written by a differently configured pipeline: "
             + ("; ".join(diff[:10]) if diff else "fingerprints differ")
@@ -76,7 +99,6 @@ def admit(
             + hint
             + version_note(parsed.written_by, diff)
         )
-    _check_content(parsed, plan, allowed)
     if parsed.position < 0:
         raise CorruptCheckpoint(f"position {parsed.position} is negative")
     check_progress(parsed, plan.num_lanes)
@@ -103,43 +125,70 @@ def _allowed(allow_changes: Iterable[str]) -> frozenset[str]:
     return allowed
 
 
-def content_changes(saved: dict, now: dict) -> dict[str, list[str]]:
-    """Content digests that differ between a checkpoint's and a pipeline's (``data``:
-    datasets, ``functions``: map/filter functions), as sentences. Names present on one
-    side only are configuration changes, which the fingerprint reports."""
-    found: dict[str, list[str]] = {"data": [], "functions": []}
-    for part, kind, what in (
-        ("components", "data", "dataset"),
-        ("ops", "functions", "function of operator"),
-    ):
-        a, b = saved.get(part, {}), now.get(part, {})
-        for name in sorted(set(a) & set(b)):
-            if a[name] != b[name]:
-                found[kind].append(f"{what} {name!r} ({a[name]} in checkpoint, {b[name]} now)")
-    return found
+def _lengths_line(line: str) -> bool:
+    """A configuration difference in the token lengths the pipeline estimated."""
+    return line.startswith("source.token_lengths")
 
 
-def _check_content(state: PipelineState, plan: Any, allowed: frozenset[str]) -> None:
-    """Compare digests; raise on a change that is not allowed."""
+def _moved(saved: dict[str, Any], now: dict[str, Any]) -> set[str]:
+    """Datasets at another position than in the checkpoint: their sampled rows are picked
+    by position, so their digests do not compare (the configuration check names the
+    move)."""
+    a = (saved.get("source") or {}).get("names")
+    b = (now.get("source") or {}).get("names")
+    if not isinstance(a, list) or not isinstance(b, list):
+        return set()
+    return {n for i, n in enumerate(a) if n in b and b.index(n) != i}
+
+
+def _check_content(
+    state: PipelineState, plan: Any, allowed: frozenset[str], config_lines: list[str]
+) -> str:
+    """Compare digests; raise on a change that is not allowed. Returns the allowed
+    function changes, named (for the configuration check's message), or ""."""
     if state.content is None:  # a version-1 state: nothing to compare
-        return
-    found = content_changes(state.content, plan.content)
-    refused = [(kind, items) for kind, items in found.items() if items and kind not in allowed]
-    if refused:
-        fixes = {
-            "data": "restore the data as it was",
-            "functions": "restore the function (or pin an unchanged one with "
-            "map(..., version=...); byte code also changes with the Python version)",
-        }
-        raise IncompatibleCheckpoint(
-            "the checkpoint was taken over other content: "
-            + "; ".join(f"{k}: " + ", ".join(items) for k, items in refused)
-            + ". The stream would differ from the uninterrupted run. "
-            + " / ".join(fixes[k] for k, _ in refused)
-            + f", or accept the change with load_state_dict(state, allow_changes="
-            f"{sorted({k for k, _ in refused} | allowed)!r}) (positions continue, "
-            "values come from the new content)"
+        return ""
+    changes = [
+        c
+        for c in content_diff(state.content, plan.content)
+        if c.kind != "data" or c.name not in _moved(state.config, plan.config)
+    ]
+    refused = [c for c in changes if c.kind not in allowed]
+    fns = [c.name for c in changes if c.kind == "functions"]
+    if not refused:
+        if not fns:
+            return ""
+        return ("function of operator " if len(fns) == 1 else "functions of operators ") + (
+            ", ".join(repr(n) for n in fns)
         )
+    kinds = sorted({c.kind for c in refused})
+    fixes = {
+        "data": "restore the data as it was",
+        "functions": "restore the function, or, if it behaves the same (a refactor, another "
+        "Python version), pin it with map(..., version=...)",
+    }
+    also = ""
+    if config_lines:
+        moved = [line for line in config_lines if _lengths_line(line)]
+        also = (
+            " The estimated token lengths moved with it (" + "; ".join(moved[:3]) + ")."
+            if moved and "functions" in kinds
+            else ""
+        )
+        rest = [line for line in config_lines if not _lengths_line(line)]
+        if rest:
+            also += " The configuration differs too: " + "; ".join(rest[:5]) + "."
+    raise IncompatibleCheckpoint(
+        "the checkpoint was taken over other content: "
+        + "; ".join(f"{k}: " + "; ".join(c.text for c in refused if c.kind == k) for k in kinds)
+        + ". The stream would differ from the uninterrupted run."
+        + also
+        + " Fix: "
+        + " / ".join(fixes[k] for k in kinds)
+        + f"; or accept the change with load_state_dict(state, allow_changes="
+        f"{sorted(set(kinds) | allowed)!r}) (positions continue, values come from the new "
+        "content)"
+    )
 
 
 def check_alone(state: Any) -> PipelineState:

@@ -298,7 +298,7 @@ class PipelineState:
     position: int
     lanes: dict[int, LaneState]
     #: component and function digests; None for a version-1 state (not checked)
-    content: dict[str, dict[str, str]] | None = None
+    content: dict[str, Any] | None = None
     #: where the state was read from, for the restore log (never serialized)
     origin: str | None = None
     #: the Zephon release that wrote the state (None: written before states recorded it);
@@ -365,12 +365,12 @@ class PipelineState:
         )
 
 
-def _content(c: Any) -> dict[str, dict[str, str]]:
-    if not isinstance(c, dict) or set(c) - {"components", "ops"}:
+def _content(c: Any) -> dict[str, Any]:
+    if not isinstance(c, dict) or set(c) - {"components", "ops", "parts"}:
         raise CorruptCheckpoint(
             f"content fingerprints {c!r} are not {{'components': {{...}}, 'ops': {{...}}}}"
         )
-    out = {}
+    out: dict[str, Any] = {}
     for part in ("components", "ops"):
         table = c.get(part, {})
         if not isinstance(table, dict) or not all(
@@ -378,6 +378,16 @@ def _content(c: Any) -> dict[str, dict[str, str]]:
         ):
             raise CorruptCheckpoint(f"content fingerprints {part!r} must map names to strings")
         out[part] = dict(table)
+    if "parts" in c:  # per-function part digests (``function_parts.py``), for messages
+        parts = c["parts"]
+        if not isinstance(parts, dict) or not all(
+            isinstance(k, str)
+            and isinstance(v, dict)
+            and all(isinstance(p, str) and isinstance(d, str) for p, d in v.items())
+            for k, v in parts.items()
+        ):
+            raise CorruptCheckpoint("content fingerprints 'parts' must map names to {part: digest}")
+        out["parts"] = {k: dict(v) for k, v in parts.items()}
     return out
 
 

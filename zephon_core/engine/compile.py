@@ -73,7 +73,7 @@ class Plan:
     checkpointing: bool
     stall_timeout_s: float | None
     config: dict[str, Any]
-    content: dict[str, dict[str, str]]
+    content: dict[str, Any]
     fingerprint: str
     #: the core share ``parallelism="auto"`` was resolved with (None: no operator asked);
     #: a process with another share (a DataLoader worker) compiles its own plan

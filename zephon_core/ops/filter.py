@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..checkpoint.content import function_fingerprint
+from ..checkpoint.content import function_fingerprint, function_parts
 from ..records import Record
-from .base import Operator, OpTraits, callable_name
+from .base import Operator, OpTraits
 
 
 class FilterOp(Operator):
@@ -40,7 +40,12 @@ class FilterOp(Operator):
         return [r if pred(r.payload) else r.to_tombstone() for r in records]
 
     def describe(self) -> dict:
-        return {"op": "filter", "name": self.name, "fn": callable_name(self.predicate)}
+        # the predicate is identified by its content fingerprint, not by where it lives
+        return {"op": "filter", "name": self.name}
 
     def content_fingerprint(self) -> str:
         return function_fingerprint(self.predicate, self.version)
+
+    def content_parts(self) -> dict[str, str]:
+        """The fingerprint piece by piece, for refusals that name what changed."""
+        return function_parts(self.predicate, self.version)

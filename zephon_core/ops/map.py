@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..checkpoint.content import function_fingerprint
+from ..checkpoint.content import function_fingerprint, function_parts
 from ..errors import ContractViolation
 from ..records import Record
-from .base import Operator, OpTraits, callable_name
+from .base import Operator, OpTraits
 
 
 class MapOp(Operator):
@@ -54,12 +54,13 @@ class MapOp(Operator):
         return [r.with_payload(p) for r, p in zip(records, payloads)]
 
     def describe(self) -> dict:
-        return {
-            "op": "map",
-            "name": self.name,
-            "fn": callable_name(self.fn),
-            "batched": self.batched,
-        }
+        # the function is identified by its content fingerprint, not by where it lives
+        # (a module name differs between `python train.py` and `import train`)
+        return {"op": "map", "name": self.name, "batched": self.batched}
 
     def content_fingerprint(self) -> str:
         return function_fingerprint(self.fn, self.version)
+
+    def content_parts(self) -> dict[str, str]:
+        """The fingerprint piece by piece, for refusals that name what changed."""
+        return function_parts(self.fn, self.version)
