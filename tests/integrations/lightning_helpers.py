@@ -133,13 +133,14 @@ def fit(
     checkpoint_kwargs: dict | None = None,
     seed: int | None = None,
     callbacks: tuple = (),
+    model_class: type | None = None,
 ) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
     """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule; ``seed``
     re-seeds the global RNGs first (a resumed fit given another seed than the run it
     resumes stands for a new process)."""
     if seed is not None:
         pl.seed_everything(seed, verbose=False)
-    model = Tiny(
+    model = (model_class or Tiny)(
         record_dir=record_dir, read_stepping_batches=read_stepping_batches, dropout=dropout
     )
     kwargs = dict(dm_kwargs or {})

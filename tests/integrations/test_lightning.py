@@ -513,3 +513,9 @@ def test_allow_changes_re_mixes_a_resumed_fit(tmp_path):
     )
     assert again.seen == remixed.seen[3:]
     assert again.losses == remixed.losses[3:]
+    # a typo fails when the module is built, not at the resume; one name may be a string
+    with pytest.raises(ConfigError, match="unknown"):
+        ZephonDataModule(pipeline=make_pipeline, allow_changes={"weight"})
+    assert ZephonDataModule(pipeline=make_pipeline, allow_changes="weights").allow_changes == {
+        "weights"
+    }

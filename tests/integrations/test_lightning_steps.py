@@ -8,8 +8,10 @@ global RNGs re-seeded differently from the run it resumes (as a new process woul
 
 from __future__ import annotations
 
+import logging
+
 import torch
-from lightning_helpers import fit, global_stream, small_val_loader, step_checkpoint
+from lightning_helpers import Tiny, fit, global_stream, small_val_loader, step_checkpoint
 
 DROP = 0.5
 
@@ -95,6 +97,32 @@ def test_a_checkpoint_inside_an_accumulation_window_resumes_at_its_start(tmp_pat
     third, _, _ = fit(ckpt_dir=str(tmp_path / "c"), ckpt_path=inside, seed=3, **kw)
     assert third.seen == full.seen[8:]
     assert third.losses == full.losses[8:]
+
+
+class NormedTiny(Tiny):
+    """Tiny with a BatchNorm, whose running statistics every training forward updates."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.norm = torch.nn.BatchNorm1d(8)
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.global_step, ""))
+        return self.norm(self.emb(batch["input_ids"].clamp(0, 255)).flatten(0, 1)).mean()
+
+
+def test_a_checkpoint_inside_a_window_warns_about_batchnorm_statistics(tmp_path, caplog):
+    """The one thing a redone window cannot repeat exactly: running statistics the
+    skipped-back forward passes already updated (saved at validation end, batch 3 of
+    accumulation windows of 2)."""
+    caplog.set_level(logging.WARNING, logger="zephon_integrations.lightning.checkpoint_hook")
+    kw = dict(accumulate=2, val_check_interval=3, every_n_train_steps=None)
+    fit(max_steps=4, ckpt_dir=str(tmp_path / "a"), model_class=NormedTiny, **kw)
+    warned = [r.getMessage() for r in caplog.records if "BatchNorm" in r.getMessage()]
+    assert len(warned) == 1 and "global_step 1" in warned[0], warned
+    caplog.clear()
+    fit(max_steps=4, ckpt_dir=str(tmp_path / "b"), **kw)  # no BatchNorm: nothing to say
+    assert not [r for r in caplog.records if "BatchNorm" in r.getMessage()]
 
 
 def test_loop_counters_read_as_lightnings_own_state_dict(tmp_path):

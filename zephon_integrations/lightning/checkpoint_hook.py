@@ -127,9 +127,8 @@ class ZephonCheckpointHook(pl.Callback):
         norms = [
             m
             for m in pl_module.modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-            and m.training
-            and m.track_running_stats
+            # (a save at validation end sees the model in eval mode: training is not asked)
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
         ]
         if norms:
             self._warned_buffers = True

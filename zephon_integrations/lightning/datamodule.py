@@ -46,6 +46,7 @@ import lightning.pytorch as pl
 import torch
 
 from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, ZephonDataLoader
+from zephon_core.checkpoint.restore import ALLOWED_CHANGES
 
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
@@ -123,7 +124,14 @@ class ZephonDataModule(pl.LightningDataModule):
         self.log_every_n_steps = log_every_n_steps
         self.allow_fresh_start = allow_fresh_start
         self.restore_rng = restore_rng
-        self.allow_changes = frozenset(allow_changes)
+        names = (allow_changes,) if isinstance(allow_changes, str) else allow_changes
+        self.allow_changes = frozenset(names)
+        if self.allow_changes - ALLOWED_CHANGES:  # a typo fails here, not at the resume
+            raise ConfigError(
+                f"ZephonDataModule(allow_changes={sorted(self.allow_changes)}): unknown "
+                f"{sorted(self.allow_changes - ALLOWED_CHANGES)}; use any of "
+                f"{sorted(ALLOWED_CHANGES)}"
+            )
         self._val_fn = val_dataloader_fn
         if (
             val_dataloader_fn is None
