@@ -74,11 +74,12 @@ def reference_pipeline(
     parallelism: int = 2,
     num_epochs: int | None = None,
     attention: str = "position_ids",
+    weights=(0.7, 0.3),
 ) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
     return (
         Pipeline(
-            source(chunk_size, num_epochs=num_epochs),
+            source(chunk_size, num_epochs=num_epochs, weights=weights),
             canonical_replicas=lanes,
             flush_every_k_chunks=k,
             seed=11,

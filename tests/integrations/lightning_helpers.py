@@ -13,10 +13,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from helpers import batch_digest, reference_pipeline
+from helpers import PROSE, batch_digest, reference_pipeline, small_packed
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from zephon_core import Pipeline
+from zephon_core import Pipeline, StaticMixtureWorkSource
 from zephon_integrations.lightning import ZephonDataModule
 
 LANES = 4
@@ -26,6 +26,17 @@ def make_pipeline() -> Pipeline:
     """The pipeline factory handed to ZephonDataModule (picklable, unlike a lambda; the
     return annotation lets LightningCLI accept it as ``--data.pipeline=<import path>``)."""
     return reference_pipeline(lanes=LANES)
+
+
+def make_remixed_pipeline() -> Pipeline:
+    """``make_pipeline`` with the mixture's weights changed from 0.7/0.3 to 0.5/0.5."""
+    return reference_pipeline(lanes=LANES, weights=(0.5, 0.5))
+
+
+def make_finite_pipeline() -> Pipeline:
+    """A finite stream of 37 small batches (12 documents read once, 2 lanes)."""
+    src = StaticMixtureWorkSource({"prose": PROSE[:12]}, chunk_size=4, seed=3, num_epochs=1)
+    return small_packed(Pipeline(src, canonical_replicas=2, seed=1))
 
 
 fingerprint = batch_digest  # a digest of every tensor of a batch (keys in order)
@@ -118,17 +129,32 @@ def fit(
     dropout: float = 0.0,
     dm_class: type | None = None,
     trainer_kwargs: dict | None = None,
+    pipeline: Any = make_pipeline,
+    checkpoint_kwargs: dict | None = None,
+    seed: int | None = None,
+    callbacks: tuple = (),
+    model_class: type | None = None,
 ) -> tuple[Tiny, pl.Trainer, ZephonDataModule]:
-    """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule."""
-    model = Tiny(
+    """One ``trainer.fit`` with a fresh Trainer, model and ZephonDataModule; ``seed``
+    re-seeds the global RNGs first (a resumed fit given another seed than the run it
+    resumes stands for a new process)."""
+    if seed is not None:
+        pl.seed_everything(seed, verbose=False)
+    model = (model_class or Tiny)(
         record_dir=record_dir, read_stepping_batches=read_stepping_batches, dropout=dropout
     )
     kwargs = dict(dm_kwargs or {})
     if val_check_interval is not None:
         kwargs.setdefault("val_dataloader_fn", small_val_loader)
-    dm = (dm_class or ZephonDataModule)(pipeline=make_pipeline, num_workers=num_workers, **kwargs)
+    dm = (dm_class or ZephonDataModule)(pipeline=pipeline, num_workers=num_workers, **kwargs)
     cb = ModelCheckpoint(
-        dirpath=ckpt_dir, every_n_train_steps=every_n_train_steps, save_top_k=-1, save_last=True
+        **{
+            "dirpath": ckpt_dir,
+            "every_n_train_steps": every_n_train_steps,
+            "save_top_k": -1,
+            "save_last": True,
+            **(checkpoint_kwargs or {}),
+        }
     )
     trainer_kwargs = dict(trainer_kwargs or {})
     if val_check_interval is not None:
@@ -138,11 +164,14 @@ def fit(
             check_val_every_n_epoch=None,
             num_sanity_val_steps=0,
         )
+    elif "val_dataloader_fn" in kwargs:  # validation at epoch ends
+        trainer_kwargs.setdefault("limit_val_batches", 2)
+        trainer_kwargs.setdefault("num_sanity_val_steps", 0)
     else:
-        trainer_kwargs.update(limit_val_batches=0)
+        trainer_kwargs.setdefault("limit_val_batches", 0)
     trainer = pl.Trainer(
         max_steps=max_steps,
-        callbacks=[cb],
+        callbacks=[cb, *callbacks],
         logger=logger,
         enable_progress_bar=False,
         enable_model_summary=False,

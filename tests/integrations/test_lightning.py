@@ -20,11 +20,12 @@ from lightning_helpers import (
     fit,
     global_stream,
     make_pipeline,
+    make_remixed_pipeline,
     read_rank_records,
     step_checkpoint,
 )
 
-from zephon_core import ConfigError, MissingCheckpointState
+from zephon_core import ConfigError, IncompatibleCheckpoint, MissingCheckpointState
 from zephon_integrations.lightning import ZephonDataModule
 
 DM_KEY = "ZephonDataModule"
@@ -164,33 +165,36 @@ def test_resume_of_a_resumed_run_continues_exactly(tmp_path):
 @pytest.mark.parametrize("num_workers,accumulate", [(0, 1), (2, 2)], ids=["w0-acc1", "w2-acc2"])
 def test_resume_from_checkpoints_written_at_validation_end(tmp_path, num_workers, accumulate):
     """A default ModelCheckpoint saves when the mid-epoch validation (every 3 batches)
-    ends; with accumulation 2 that can be in the middle of an accumulation window
-    (global_step 1 after 3 batches). The data stream still continues exactly."""
+    ends; with accumulation 2 the first such save (global_step 1 after 3 batches) is
+    inside an accumulation window. It records the window's start (batch 2) and Lightning's
+    counters there, so the resume redoes batch 3: batches, steps and dropout losses as in
+    the uninterrupted run."""
     kw = dict(
         num_workers=num_workers,
         accumulate=accumulate,
         val_check_interval=3,
         every_n_train_steps=None,
+        dropout=0.5,
     )
-    full, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "a"), **kw)
-    full_fps = _fps(full)
-    assert full_fps == global_stream(8 * accumulate)
+    full, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / "a"), seed=1, **kw)
+    assert _fps(full) == global_stream(8 * accumulate)
     ckpts = sorted(
         glob.glob(str(tmp_path / "a" / "*step=*.ckpt")),
         key=lambda p: int(p.rsplit("step=", 1)[1].split(".")[0]),
     )
     assert len(ckpts) >= 2, ckpts
-    resumed = 0
+    inside = 0
     for ckpt in ckpts[:2]:
         raw, state = _zephon_state(ckpt)
-        consumed = state["position"]
-        assert consumed % 3 == 0 and consumed > 0  # validation ran after that batch
-        if consumed >= len(full_fps):
-            continue
-        tail, _, _ = fit(max_steps=8, ckpt_dir=str(tmp_path / f"r{consumed}"), ckpt_path=ckpt, **kw)
-        assert _fps(tail) == full_fps[consumed:], os.path.basename(ckpt)
-        resumed += 1
-    assert resumed >= 1
+        start = raw["global_step"] * accumulate  # the last optimizer step's boundary
+        assert state["position"] == start > 0
+        inside += start % 3 != 0  # validation ran after a later batch of the window
+        tail, _, _ = fit(
+            max_steps=8, ckpt_dir=str(tmp_path / f"r{start}"), ckpt_path=ckpt, seed=2, **kw
+        )
+        assert tail.seen == full.seen[start:], os.path.basename(ckpt)
+        assert tail.losses == full.losses[start:], os.path.basename(ckpt)
+    assert inside == (accumulate == 2)
 
 
 def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(tmp_path):
@@ -473,3 +477,45 @@ def test_no_validation_data_means_no_validation_warning():
     assert not is_overridden("val_dataloader", ZephonDataModule(pipeline=make_pipeline))
     with_val = ZephonDataModule(pipeline=make_pipeline, val_dataloader_fn=lambda: ["v"])
     assert is_overridden("val_dataloader", with_val) and with_val.val_dataloader() == ["v"]
+
+
+# -- deliberate changes at resume ----------------------------------------------------------
+
+
+def test_allow_changes_re_mixes_a_resumed_fit(tmp_path):
+    """Saved with weights 0.7/0.3, resumed with 0.5/0.5: refused (the message names the
+    datamodule's argument), accepted with ``allow_changes={"weights"}``; the re-mixed
+    run's own checkpoint then resumes exactly under the new weights, without it."""
+    fit(max_steps=3, ckpt_dir=str(tmp_path / "a"), every_n_train_steps=3)
+    saved = step_checkpoint(str(tmp_path / "a"), 3)
+    with pytest.raises(IncompatibleCheckpoint, match=r"ZephonDataModule\(\.\.\., allow_changes"):
+        fit(
+            max_steps=6,
+            ckpt_dir=str(tmp_path / "b"),
+            ckpt_path=saved,
+            pipeline=make_remixed_pipeline,
+        )
+    kw = dict(max_steps=9, every_n_train_steps=3, pipeline=make_remixed_pipeline, dropout=0.5)
+    remixed, _, dm = fit(
+        ckpt_dir=str(tmp_path / "c"),
+        ckpt_path=saved,
+        dm_kwargs={"allow_changes": {"weights"}},
+        seed=1,
+        **kw,
+    )
+    assert dm.allow_changes == {"weights"}
+    assert [s for s, _ in remixed.seen] == list(range(3, 9))
+    again, _, _ = fit(
+        ckpt_dir=str(tmp_path / "d"),
+        ckpt_path=step_checkpoint(str(tmp_path / "c"), 6),
+        seed=2,
+        **kw,
+    )
+    assert again.seen == remixed.seen[3:]
+    assert again.losses == remixed.losses[3:]
+    # a typo fails when the module is built, not at the resume; one name may be a string
+    with pytest.raises(ConfigError, match="unknown"):
+        ZephonDataModule(pipeline=make_pipeline, allow_changes={"weight"})
+    assert ZephonDataModule(pipeline=make_pipeline, allow_changes="weights").allow_changes == {
+        "weights"
+    }

@@ -255,6 +255,12 @@ class ZephonDataLoader(StreamHandle, DataLoader):
     def _local_state(self, served: int | None) -> PipelineState:
         return self.consumer.snapshot(served)
 
+    @property
+    def ended(self) -> bool:
+        """An iterator of this loader reached the end of this rank's (finite) stream: a
+        new ``iter(loader)`` yields nothing."""
+        return getattr(self, "_ended", False)
+
     def stats(self) -> dict[str, Any]:
         """Batches handed out (and per second), position, inflight chunks per lane, the
         mixture per dataset, and the operators' counters and padding ratio summed over
@@ -340,6 +346,7 @@ class _LoaderIterator(Iterator[Any]):
     def _end(self) -> None:
         self._done = True
         self._source = None
+        self._loader._ended = True
 
     def close(self) -> None:
         """Stop this pass's workers or in-process run (a new ``iter(loader)`` continues)."""

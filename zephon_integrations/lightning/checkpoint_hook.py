@@ -4,19 +4,25 @@ Lightning stores a datamodule's ``state_dict()`` under the class's qualified nam
 silently skips it when the name differs on resume (a subclass renamed between runs),
 and a checkpoint written without ``ZephonDataModule`` has no state at all: either way
 the data would restart from its first batch with no warning. So
-:class:`ZephonCheckpointHook`, a callback the datamodule installs in ``setup()``:
+:class:`ZephonCheckpointHook`, a callback the datamodule installs (first) in ``setup()``:
 
 * on save, moves the datamodule's entry to the fixed top-level key ``"zephon"``
   (``{"state": pipeline state, "rng": [per-rank RNG states]}``), gathering every
-  rank's RNG state to rank 0, which is the rank whose dict Lightning writes. The next
-  training step starts from that RNG state in this run as in a run resumed from the
-  checkpoint, so what draws between a save and the next step (a validation loader
-  creating its iterator, say) cannot make the two differ;
+  rank's RNG state to rank 0, which is the rank whose dict Lightning writes. Both are
+  taken at the last optimizer-step boundary (``steps.py``): the RNG is the one the next
+  training step starts from -- in this run and in a run resumed from the checkpoint --
+  also when the save comes before a resumed fit's first step (an epoch-end re-save).
+  Inside a gradient-accumulation window it also writes Lightning's loop counters of the
+  window's start (``loop_counters.py``), so a resume redoes the window;
 * on load, finds the state under ``"zephon"`` -- or, for checkpoints of earlier
   releases, under any top-level entry holding ``{"zephon": <pipeline state>}`` -- and
-  hands it to the datamodule; a resumed ``fit`` (``global_step > 0``) whose checkpoint
-  holds none raises :class:`~zephon_core.MissingCheckpointState`, unless the datamodule
-  was built with ``allow_fresh_start=True``;
+  hands it, the rank's RNG state and the loop counters to the datamodule; a resumed
+  ``fit`` (``global_step > 0``) whose checkpoint holds none raises
+  :class:`~zephon_core.MissingCheckpointState`, unless the datamodule was built with
+  ``allow_fresh_start=True``;
+* ends each training micro-step (``on_train_batch_end``) for the datamodule's
+  :class:`~.steps.StepTracker`, and ends the fit when a finite stream ended
+  (``stream_end.py``);
 * at fit start (after the LightningModule's ``setup`` and ``configure_model``, where
   large models are built) has the datamodule turn the KV cache off for packed rows, and
   back on when fit ends or fails (``zephon_integrations/packed_cache.py``).
@@ -24,9 +30,11 @@ the data would restart from its first batch with no warning. So
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+import torch
 
 from zephon_core import MissingCheckpointState
 from zephon_core.checkpoint.trainer_files import (
@@ -36,11 +44,15 @@ from zephon_core.checkpoint.trainer_files import (
 )
 
 from .. import rng
+from . import loop_counters
+from .stream_end import stop_if_ended
 
 if TYPE_CHECKING:
     from .datamodule import ZephonDataModule
 
 CHECKPOINT_KEY = LIGHTNING_KEY
+
+log = logging.getLogger(__name__)
 
 
 class ZephonCheckpointHook(pl.Callback):
@@ -48,6 +60,7 @@ class ZephonCheckpointHook(pl.Callback):
 
     def __init__(self, datamodule: ZephonDataModule):
         self.datamodule = datamodule
+        self._warned_buffers = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         # after every setup hook and configure_model(): models built there exist now
@@ -59,28 +72,41 @@ class ZephonCheckpointHook(pl.Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         self.datamodule._restore_cache()
 
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.datamodule.steps.end(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        stop_if_ended(trainer, self.datamodule.loader)
+
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]
     ) -> None:
         dm = self.datamodule
         entry = checkpoint.pop(type(dm).__qualname__, None)  # Lightning keyed it by class
         state = entry[dm.STATE_KEY] if entry else dm.state_dict()[dm.STATE_KEY]
-        mine = rng.capture()
+        point = dm.steps.save_point(trainer)
+        mine = rng.to_checkpoint(point.rng if point.rng is not None else rng.snapshot())
         checkpoint[CHECKPOINT_KEY] = {"state": state, "rng": _gather(mine, trainer.world_size)}
-        dm._pin_rng(mine)
+        if dm.steps.inside_window and point.counters is not None:
+            loop_counters.write(checkpoint, point.counters)
+            self._warn_if_buffers_update(pl_module, trainer)
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]
     ) -> None:
         dm = self.datamodule
+        counters = loop_counters.from_checkpoint(checkpoint)
         entry = lightning_entry(checkpoint)
         if entry is not None:
             dm.load_state_dict({dm.STATE_KEY: entry["state"]})
-            dm._resume_rng(entry.get("rng"), trainer)
+            dm.steps.resume_at(dm.resume_rng(entry.get("rng"), trainer), counters)
             return
         legacy = legacy_lightning_state(checkpoint)
         if legacy is not None:
             dm.load_state_dict({dm.STATE_KEY: legacy})
+            dm.steps.resume_at(None, counters)
             return
         fitting = trainer.state.fn == "fit"
         if fitting and checkpoint.get("global_step", 0) > 0 and not dm.allow_fresh_start:
@@ -91,6 +117,29 @@ class ZephonCheckpointHook(pl.Callback):
                 "restart from the first batch. Resume from a checkpoint written with "
                 "ZephonDataModule, or pass ZephonDataModule(..., allow_fresh_start=True) to "
                 "start the data stream from its beginning on purpose"
+            )
+
+    def _warn_if_buffers_update(self, pl_module: Any, trainer: pl.Trainer) -> None:
+        """A resume redoes the window's micro-batches; running statistics that forward
+        updated during them are in the checkpoint already and would count them twice."""
+        if self._warned_buffers or not trainer.is_global_zero:
+            return
+        norms = [
+            m
+            for m in pl_module.modules()
+            # (a save at validation end sees the model in eval mode: training is not asked)
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        ]
+        if norms:
+            self._warned_buffers = True
+            log.warning(
+                "a checkpoint at global_step %d was taken inside a gradient-accumulation "
+                "window: it records the window's start, and a resume redoes the window's "
+                "micro-batches exactly -- except %d BatchNorm layer(s), whose running "
+                "statistics already include them and will count them twice. Save at "
+                "optimizer steps (ModelCheckpoint(every_n_train_steps=...)) to avoid this",
+                trainer.global_step,
+                len(norms),
             )
 
 

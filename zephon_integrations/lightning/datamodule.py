@@ -12,13 +12,22 @@ What it takes care of (Lightning 2.x traps):
   returns an empty dict.
 * The state lives under a fixed checkpoint key, and a resumed fit whose checkpoint has
   none is an error rather than a silent restart (``checkpoint_hook.py``).
-* The global RNGs (python, numpy, torch, CUDA) of every rank are saved with the state,
-  and the first training step after a save -- in this run and in a run resumed from
-  that checkpoint -- starts from them, so dropout continues exactly as in the
-  uninterrupted run (draws between the save and that step, e.g. by validation, do not
-  leak into training).
+* The global RNGs (python, numpy, torch, CUDA): training step ``n+1`` draws from where
+  step ``n``'s draws ended, and draws between steps (validation, checkpointing, a new
+  loader iterator) never reach training -- in every run, whatever the checkpoint
+  schedule. Every rank's RNG at the last optimizer-step boundary is saved with the
+  state, and a resumed fit's first step starts from it, so dropout continues exactly
+  (``steps.py`` states the rule).
+* A checkpoint taken inside a gradient-accumulation window records the window's start
+  (data position, RNG, Lightning's loop counters: ``steps.py``, ``loop_counters.py``),
+  so a resume redoes the window instead of skipping its first micro-batches.
 * ``train_dataloader()`` serves this rank's lanes (no DistributedSampler) through a
   loader handle the module owns; asked again within one fit, it continues the stream.
+  One stream per fit: a Lightning epoch is a stretch of it (``limit_train_batches``
+  long, or until it ends) and the next epoch continues it; a finite stream that ended
+  ends the fit with a warning (``stream_end.py``).
+* ``allow_changes`` accepts a deliberate change at resume (re-mixed weights, edited data
+  or functions), as ``Pipeline.load_state_dict(allow_changes=...)`` does.
 * Packed rows told apart by ``position_ids`` (the default): every Transformers model in
   the LightningModule -- also one built in its ``setup`` or ``configure_model`` -- gets
   ``config.use_cache = False`` at fit start, with a warning, and it back at fit end --
@@ -30,20 +39,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, ZephonDataLoader
+from zephon_core.checkpoint.restore import ALLOWED_CHANGES
 
-from .. import rng
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_hook import ZephonCheckpointHook
+from .steps import StepTracker
 
 STATE_KEY = "zephon"
+# batches the loader may hand out past a checkpoint's position: Lightning reads one ahead,
+# and a checkpoint inside an accumulation window records the window's start
+_READ_AHEAD = 16
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +84,13 @@ class ZephonDataModule(pl.LightningDataModule):
         val_dataloader_fn: optional zero-argument factory of a validation DataLoader.
         allow_fresh_start: resume from a checkpoint without Zephon state by starting the
             data stream from its beginning (default: ``MissingCheckpointState``).
-        restore_rng: restore every rank's global RNGs at the first resumed step.
+        restore_rng: start every training step from the RNG the previous one left (and a
+            resumed fit's first step from the checkpoint's); False leaves the global RNGs
+            to Lightning (a resume then draws other dropout masks).
+        allow_changes: accept a deliberate change when resuming a checkpoint, as
+            ``Pipeline.load_state_dict(allow_changes=...)``: ``"weights"`` (and
+            ``"components"``) re-mix, ``"data"`` / ``"functions"`` accept edited rows or
+            map/filter functions. The re-mixed run's own checkpoints resume exactly.
     """
 
     STATE_KEY = STATE_KEY
@@ -88,6 +107,7 @@ class ZephonDataModule(pl.LightningDataModule):
         val_dataloader_fn: Callable[[], Any] | None = None,
         allow_fresh_start: bool = False,
         restore_rng: bool = True,
+        allow_changes: Iterable[str] = (),
     ):
         super().__init__()
         if not (isinstance(pipeline, Pipeline) or callable(pipeline)):
@@ -104,6 +124,14 @@ class ZephonDataModule(pl.LightningDataModule):
         self.log_every_n_steps = log_every_n_steps
         self.allow_fresh_start = allow_fresh_start
         self.restore_rng = restore_rng
+        names = (allow_changes,) if isinstance(allow_changes, str) else allow_changes
+        self.allow_changes = frozenset(names)
+        if self.allow_changes - ALLOWED_CHANGES:  # a typo fails here, not at the resume
+            raise ConfigError(
+                f"ZephonDataModule(allow_changes={sorted(self.allow_changes)}): unknown "
+                f"{sorted(self.allow_changes - ALLOWED_CHANGES)}; use any of "
+                f"{sorted(ALLOWED_CHANGES)}"
+            )
         self._val_fn = val_dataloader_fn
         if (
             val_dataloader_fn is None
@@ -116,8 +144,7 @@ class ZephonDataModule(pl.LightningDataModule):
         self._restore: dict[str, Any] | None = None  # where the next loader starts
         self._loader: ZephonDataLoader | None = None
         self._loader_trainer: Any = None
-        self._consumed = 0  # training batches of the loader that reached the step
-        self._rng_pending: dict[str, Any] | None = None
+        self.steps = StepTracker(restore_rng)  # micro-steps, their RNG, the last boundary
         self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
         self._cache_off: list[Any] = []  # model configs whose KV cache fit turned off
@@ -138,7 +165,9 @@ class ZephonDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         trainer = self._trainer_or_none()
         if trainer is not None and all(cb is not self._hook for cb in trainer.callbacks):
-            trainer.callbacks.append(self._hook)  # before Lightning restores a checkpoint
+            # before Lightning restores a checkpoint; first, so that a step's end is seen
+            # before any other callback's on_train_batch_end (ModelCheckpoint saves there)
+            trainer.callbacks.insert(0, self._hook)
         if self.pipeline is None:
             self.pipeline = self._build()
             if self._restore is not None:
@@ -157,28 +186,47 @@ class ZephonDataModule(pl.LightningDataModule):
 
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)
-        self.pipeline.description().load_state_dict(state)
+        try:
+            self.pipeline.description().load_state_dict(state, allow_changes=self.allow_changes)
+        except IncompatibleCheckpoint as e:
+            if "allow_changes" not in str(e):
+                raise
+            raise IncompatibleCheckpoint(
+                f"{e} (under Lightning: ZephonDataModule(..., allow_changes=...))"
+            ) from e
 
     def train_dataloader(self):
         if self.pipeline is None:
             self.setup("fit")
         trainer = self._trainer_or_none()
-        restore = self._restore
+        restore, allow = self._restore, self.allow_changes
+        continuing = self._loader is not None and self._loader_trainer is trainer
         if self._loader is not None:
-            if self._loader_trainer is trainer and trainer is not None:
+            if continuing and trainer is not None:
                 # asked again within one fit: continue after the consumed batches
-                restore = self._loader.checkpoint(served=self._consumed)
+                restore, allow = self._loader.checkpoint(served=self.steps.consumed), ()
             self._loader.close()
         origin = getattr(trainer, "ckpt_path", None) if restore is self._restore else None
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
         self._loader = self.pipeline.description().dataloader(
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            max_read_ahead=max(_READ_AHEAD, accumulate + 2),
             restore=restore,
+            allow_changes=allow if restore is not None else (),
             origin=str(origin) if origin else None,
         )
+        if continuing and trainer is not None:
+            self.steps.rebase()
+        else:
+            self.steps.begin()
         self._loader_trainer = trainer
         self._restore = None
-        self._consumed = 0
+        return self._loader
+
+    @property
+    def loader(self) -> ZephonDataLoader | None:
+        """The current train loader (None before ``train_dataloader()``)."""
         return self._loader
 
     def val_dataloader(self):
@@ -190,14 +238,10 @@ class ZephonDataModule(pl.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self._trainer_or_none()
         if trainer is not None and trainer.training:
-            if self._rng_pending is not None:
-                # the RNG as the uninterrupted run had it right before this step
-                rng.restore(self._rng_pending)
-                self._rng_pending = None
-            self._consumed += 1
+            self.steps.start(trainer)  # counts the batch; the RNG this step draws from
             self._meter.observe(batch)
             n = self.log_every_n_steps
-            if n and self._consumed % n == 0 and trainer.logger is not None:
+            if n and self.steps.consumed % n == 0 and trainer.logger is not None:
                 trainer.logger.log_metrics(self.data_metrics(), step=trainer.global_step)
         return batch
 
@@ -215,9 +259,17 @@ class ZephonDataModule(pl.LightningDataModule):
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{"zephon": state}``: the state right after the last batch a training step
-        consumed (an aggregation round with several ranks); never empty."""
+        consumed up to the last optimizer step (inside an accumulation window: at the
+        window's start; an aggregation round with several ranks); never empty."""
         if self._loader is not None:
-            return {STATE_KEY: self._loader.checkpoint(served=self._consumed)}
+            served = self.steps.save_point(self._trainer_or_none()).consumed
+            if served < 0:
+                raise ConfigError(
+                    "cannot checkpoint inside this accumulation window: it began before the "
+                    "train loader was re-created (reload_dataloaders_every_n_epochs); save at "
+                    "an optimizer step"
+                )
+            return {STATE_KEY: self._loader.checkpoint(served=served)}
         if self._restore is not None:
             return {STATE_KEY: self._restore}
         pipe = self.pipeline if self.pipeline is not None else self._build()
@@ -236,14 +288,11 @@ class ZephonDataModule(pl.LightningDataModule):
             self._loader = None
         self._restore = state_dict[STATE_KEY]
 
-    def _pin_rng(self, state: dict[str, Any]) -> None:
-        """The next training step starts from ``state`` (the RNG saved in a checkpoint)."""
-        if self.restore_rng:
-            self._rng_pending = state
-
-    def _resume_rng(self, states: list[dict[str, Any]] | None, trainer: Any) -> None:
+    def resume_rng(self, states: list[dict[str, Any]] | None, trainer: Any) -> dict | None:
+        """This rank's RNG state of a checkpoint's per-rank list, or None (not restored;
+        with another number of ranks, a warning says so)."""
         if not self.restore_rng or not states:
-            return
+            return None
         if len(states) != trainer.world_size:
             log.warning(
                 "the checkpoint holds RNG states of %d ranks and this run has %d: "
@@ -252,8 +301,8 @@ class ZephonDataModule(pl.LightningDataModule):
                 len(states),
                 trainer.world_size,
             )
-            return
-        self._rng_pending = states[trainer.global_rank]
+            return None
+        return states[trainer.global_rank]
 
     def teardown(self, stage: str) -> None:
         if self._loader is not None and stage == "fit":
