@@ -177,13 +177,13 @@ def hf_train(
             **args,
         }
     )
+    changes = {"allow_changes": allow_changes} if allow_changes else {}
     if path == "trainer":
         trainer = ZephonTrainer(
-            model=model, args=args, pipeline=pipeline, callbacks=callbacks,
-            allow_changes=allow_changes,
-        )  # fmt: skip
+            model=model, args=args, pipeline=pipeline, callbacks=callbacks, **changes
+        )
     else:
-        zephon = ZephonCallback(pipeline, allow_changes=allow_changes)
+        zephon = ZephonCallback(pipeline, **changes)
         trainer = Trainer(
             model=model, args=args, train_dataset=zephon.train_dataset,
             callbacks=[zephon, *callbacks],
