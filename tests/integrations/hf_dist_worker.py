@@ -20,6 +20,7 @@ import torch.distributed as dist
 from hf_helpers import (
     CrashAt,
     LossLog,
+    ending_pipeline,
     make_pipeline,
     ragged_pipeline,
     tiny_model,
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--path", choices=["callback", "trainer"], default="callback")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--ragged", type=int, default=0)
+    ap.add_argument("--ending", type=int, default=0, help="the finite ending_pipeline()")
     ap.add_argument("--slow-save", type=float, default=0.0, help="rank 0 writes slowly")
     ap.add_argument("--agg-timeout", type=float, default=300.0)
     ap.add_argument("--probe-no-checkpoint", type=int, default=0)
@@ -76,7 +78,7 @@ def main() -> None:
     )
 
     def build():
-        pipe = (ragged_pipeline if a.ragged else make_pipeline)()
+        pipe = (ragged_pipeline if a.ragged else ending_pipeline if a.ending else make_pipeline)()
         return pipe.with_options(aggregate_timeout_s=a.agg_timeout)
 
     if a.slow_save and os.environ.get("RANK") == "0":  # stands for a large model's files

@@ -21,7 +21,16 @@ from pathlib import Path
 
 import pytest
 from helpers import worker_env
-from hf_helpers import make_pipeline, reference, reference_rows, tiny_model, zephon_warnings
+from hf_helpers import (
+    ENDING_STEPS,
+    ending_pipeline,
+    hf_train,
+    make_pipeline,
+    reference,
+    reference_rows,
+    tiny_model,
+    zephon_warnings,
+)
 from transformers import Trainer, TrainingArguments
 
 from zephon_core import Pipeline
@@ -204,6 +213,22 @@ def test_one_process_checkpoint_resumes_on_two_ranks_with_own_lanes(tmp_path):
         assert tail[rank]["seen"] == ref[rank::RANKS]
         [warning] = tail[rank]["warnings"]
         assert f"no rng_state_{rank}.pth for process {rank} (it holds rng_state.pth" in warning
+
+
+def test_a_resume_where_the_stream_ended_ends_cleanly_on_two_ranks(tmp_path):
+    """accelerate's dispatcher fails a pass without a single batch on every rank (with
+    several processes as a TypeError of its broadcast); a 2-rank resume from a checkpoint
+    taken where a finite stream ended trains nothing, stops and says why -- and that the
+    1-process checkpoint holds no per-rank RNG."""
+    _, _, trainer = hf_train("callback", tmp_path / "b", 40, pipeline=ending_pipeline)
+    assert trainer.state.global_step == ENDING_STEPS  # saved every 3 steps, also there
+    ckpt = tmp_path / "b" / f"checkpoint-{ENDING_STEPS}"
+    records = launch(tmp_path, "end", "c", steps=40, resume=ckpt, ending=1, dispatch=1)
+    for rank, rec in enumerate(records):
+        assert rec["seen"] == [] and rec["losses"] == []
+        rng, ended = rec["warnings"]  # at train begin; when the pass ended
+        assert f"stream ended at step {ENDING_STEPS}, before max_steps=40" in ended
+        assert f"no rng_state_{rank}.pth for process {rank}" in rng
 
 
 def test_resume_without_a_checkpoint_fails_alike_on_every_rank(tmp_path):

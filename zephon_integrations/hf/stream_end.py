@@ -20,8 +20,6 @@ from transformers import TrainerCallback
 
 log = logging.getLogger(__name__)
 
-_EMPTY_PASS = "does not contain any data"  # accelerate's DataLoaderDispatcher, no batch at all
-
 
 class StreamEnd(TrainerCallback):
     """Ends training when a pass over the loader ended because the stream did: the pass
@@ -57,13 +55,13 @@ class StreamEnd(TrainerCallback):
 
 def end_empty_passes_quietly(loader: Any) -> None:
     """Make accelerate's ``DataLoaderDispatcher`` end a pass that has no batch at all
-    instead of raising ``ValueError`` (a resume at the step where a finite stream ended).
+    instead of raising (a resume at the step where a finite stream ended).
 
-    Rank 0 broadcasts that its stream is empty, so every rank raises that error at the
-    same point, before any batch: every rank ends the pass alike, and the Trainer stops
-    as it does for an empty pass of any other loader. accelerate builds the wrapper
-    inside ``Trainer.train`` with no hook to choose its class, and hides ``__class__``
-    behind a property, so the instance's class is swapped for a subclass here.
+    Rank 0 broadcasts that its stream is empty, so every rank raises at the same point,
+    before any batch: every rank ends the pass alike, and the Trainer stops as it does
+    for an empty pass of any other loader. accelerate builds the wrapper inside
+    ``Trainer.train`` with no hook to choose its class, and hides ``__class__`` behind
+    a property, so the instance's class is swapped for a subclass here.
     """
     from accelerate.data_loader import DataLoaderDispatcher
 
@@ -81,8 +79,12 @@ class _QuietWhenEmpty:
             first = next(passes)
         except StopIteration:
             return
-        except ValueError as e:
-            if _EMPTY_PASS in str(e):
+        except (ValueError, TypeError):
+            # One process: ValueError("Batch does not contain any data"); several:
+            # broadcast(None) raises TypeError first. Both after every rank received rank
+            # 0's "stopped" at the first fetch; an error of rank 0's reading comes before
+            # that broadcast and is raised as it is.
+            if getattr(self, "_stop_iteration", False):
                 return
             raise
         yield first
