@@ -1,7 +1,9 @@
 """One rank of a multi-process HF Trainer run, launched by torchrun from the tests.
 
-Writes ``<record>.rank<r>.json`` with the batch fingerprints this rank's model saw and
-the logged losses.
+Writes ``<record>.rank<r>.json`` with the batch fingerprints this rank's model saw, the
+logged losses and the WARNINGs Zephon's integrations logged. ``--probe-no-checkpoint``
+instead records the error each path raises for ``resume_from_checkpoint=True`` in an
+output directory of this rank's own that holds no checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.distributed as dist
 from hf_helpers import (
     CrashAt,
     LossLog,
+    ending_pipeline,
     make_pipeline,
     ragged_pipeline,
     tiny_model,
@@ -43,12 +46,19 @@ def main() -> None:
     ap.add_argument("--path", choices=["callback", "trainer"], default="callback")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--ragged", type=int, default=0)
+    ap.add_argument("--ending", type=int, default=0, help="the finite ending_pipeline()")
     ap.add_argument("--slow-save", type=float, default=0.0, help="rank 0 writes slowly")
     ap.add_argument("--agg-timeout", type=float, default=300.0)
+    ap.add_argument("--probe-no-checkpoint", type=int, default=0)
     a = ap.parse_args()
     rank_env = os.environ.get("RANK", "0")
     stacks = open(f"{a.record}.rank{rank_env}.stacks", "w")  # noqa: SIM115 - lives until exit
     faulthandler.dump_traceback_later(240, exit=True, file=stacks)  # a hang shows every stack
+    warned = WarningLog()
+    logging.getLogger("zephon_integrations").addHandler(warned)
+    if a.probe_no_checkpoint:
+        errors = probe_no_checkpoint(a.out, rank_env)
+        _finish(a, int(rank_env), {"world": int(os.environ["WORLD_SIZE"]), "errors": errors})
 
     model = tiny_model()
     losses = LossLog()
@@ -68,7 +78,7 @@ def main() -> None:
     )
 
     def build():
-        pipe = (ragged_pipeline if a.ragged else make_pipeline)()
+        pipe = (ragged_pipeline if a.ragged else ending_pipeline if a.ending else make_pipeline)()
         return pipe.with_options(aggregate_timeout_s=a.agg_timeout)
 
     if a.slow_save and os.environ.get("RANK") == "0":  # stands for a large model's files
@@ -91,11 +101,51 @@ def main() -> None:
         trainer = ZephonTrainer(model=model, args=args, pipeline=build, callbacks=callbacks)
     resume = {"": None, "true": True}.get(a.resume, a.resume)
     trainer.train(resume_from_checkpoint=resume)
-    rank = args.process_index
-    with open(f"{a.record}.rank{rank}.json", "w") as f:
-        json.dump(
-            {"rank": rank, "world": args.world_size, "seen": model.seen, "losses": losses.losses}, f
+    record = {"world": args.world_size, "seen": model.seen, "losses": losses.losses}
+    _finish(a, args.process_index, dict(record, warnings=warned.messages))
+
+
+def probe_no_checkpoint(out: str, rank: str) -> dict[str, str]:
+    """``train(resume_from_checkpoint=True)`` on each path, in a directory of this rank
+    only (as on a node-local disk): the error each raises, as ``Type: message``."""
+    errors = {}
+    for path in ("callback", "trainer"):
+        args = TrainingArguments(
+            output_dir=os.path.join(out, f"{path}-rank{rank}"),
+            max_steps=3,
+            per_device_train_batch_size=4,
+            report_to=[],
+            use_cpu=True,
         )
+        if path == "callback":
+            zephon = ZephonCallback(make_pipeline)
+            trainer = Trainer(
+                model=tiny_model(), args=args, train_dataset=zephon.train_dataset,
+                callbacks=[zephon],
+            )  # fmt: skip
+        else:
+            trainer = ZephonTrainer(model=tiny_model(), args=args, pipeline=make_pipeline)
+        try:
+            trainer.train(resume_from_checkpoint=True)
+            errors[path] = "none"
+        except Exception as e:  # noqa: BLE001 - the probe records whatever it was
+            errors[path] = f"{type(e).__name__}: {e}"
+    return errors
+
+
+class WarningLog(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _finish(a: argparse.Namespace, rank: int, record: dict) -> None:
+    """Write this rank's record, wait for the others, and leave."""
+    with open(f"{a.record}.rank{rank}.json", "w") as f:
+        json.dump(dict(record, rank=rank), f)
     if dist.is_initialized():
         dist.barrier()  # every rank has written its record
     # Leave without interpreter teardown: destroying the DDP model and the gloo group at

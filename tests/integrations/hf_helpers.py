@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import torch
-from helpers import batch_digest, byte_tokenize, reference_pipeline, source
-from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+import logging
+from collections.abc import Callable, Iterable
 
-from zephon_core import Pipeline
+import torch
+from helpers import CODE, PROSE, batch_digest, byte_tokenize, reference_pipeline, source
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+from zephon_core import Pipeline, StaticMixtureWorkSource
 
 # what the model sees of a Zephon batch (packed rows: no attention_mask, position_ids)
 KEYS = ("input_ids", "attention_mask", "labels", "position_ids")
@@ -29,6 +32,36 @@ def ragged_pipeline() -> Pipeline:
         .split(max_len=128)
         .shuffle(buffer_size=16)
         .batch(batch_size=4, pad_to="longest")
+    )
+
+
+def mixture_pipeline(weights: tuple[float, float] = (0.7, 0.3)) -> Pipeline:
+    """Packed batches of the test mixture at ``weights`` (prose, code)."""
+    return _packed(Pipeline(source(8, weights=weights), canonical_replicas=4, seed=11))
+
+
+ENDING_STEPS = 12  # batches of ending_pipeline()
+
+
+def ending_pipeline() -> Pipeline:
+    """A finite stream: one epoch of a few documents, ``ENDING_STEPS`` packed batches."""
+    src = StaticMixtureWorkSource(
+        {"prose": PROSE[:12], "code": CODE[:4]},
+        {"prose": 0.7, "code": 0.3},
+        chunk_size=4,
+        seed=7,
+        num_epochs=1,
+    )
+    return _packed(Pipeline(src, canonical_replicas=4, seed=11))
+
+
+def _packed(pipe: Pipeline) -> Pipeline:
+    return (
+        pipe.fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=128)
+        .pack(seq_len=128, bins=4)
+        .batch(batch_size=4)
     )
 
 
@@ -106,3 +139,63 @@ class CacheSeen(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.during.append(model.config.use_cache)
+
+
+PATHS = ("callback", "callback-shard", "trainer")  # accelerate dispatching, sharding, per-rank
+
+
+def hf_train(
+    path: str,
+    out,
+    max_steps: int,
+    *,
+    pipeline: Callable[[], Pipeline] = make_pipeline,
+    resume: str | bool | None = None,
+    crash_at: int | None = None,
+    allow_changes: Iterable[str] = (),
+    **args,
+) -> tuple[list[str], list[tuple[int, float]], Trainer]:
+    """One ``train()`` of the recording tiny GPT-2 on one process through ``path`` (one of
+    ``PATHS``); returns the batch fingerprints it trained on, the loss of every step and
+    the Trainer. ``args`` go to ``TrainingArguments`` (default: save every 3 steps)."""
+    from zephon_integrations.hf import ZephonCallback, ZephonTrainer
+
+    model = tiny_model()
+    losses = LossLog()
+    callbacks = [losses] + ([CrashAt(crash_at)] if crash_at else [])
+    args = TrainingArguments(
+        **{
+            "output_dir": str(out),
+            "max_steps": max_steps,
+            "per_device_train_batch_size": 4,
+            "save_steps": 3,
+            "logging_steps": 1,
+            "report_to": [],
+            "use_cpu": True,
+            "disable_tqdm": True,
+            "accelerator_config": {"dispatch_batches": path != "callback-shard"},
+            **args,
+        }
+    )
+    changes = {"allow_changes": allow_changes} if allow_changes else {}
+    if path == "trainer":
+        trainer = ZephonTrainer(
+            model=model, args=args, pipeline=pipeline, callbacks=callbacks, **changes
+        )
+    else:
+        zephon = ZephonCallback(pipeline, **changes)
+        trainer = Trainer(
+            model=model, args=args, train_dataset=zephon.train_dataset,
+            callbacks=[zephon, *callbacks],
+        )  # fmt: skip
+    trainer.train(resume_from_checkpoint=resume)
+    return model.seen, losses.losses, trainer
+
+
+def zephon_warnings(caplog) -> list[str]:
+    """The WARNING messages Zephon's integrations logged (pytest's ``caplog``)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name.startswith("zephon_integrations")
+    ]

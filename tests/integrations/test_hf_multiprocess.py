@@ -5,7 +5,7 @@ Every rank sees exactly the global Zephon positions it is owed (rank ``r`` of ``
 takes global batch ``P*i + r``, or its slice of batch ``i`` with ``split_batches``), no
 batch is seen twice across ranks, a resume at step 6 continues every rank's stream
 and loss exactly, and the 2-process checkpoint resumes on one process at the same
-global position.
+global position (the data exactly; a WARNING says the per-rank RNG cannot follow).
 """
 
 from __future__ import annotations
@@ -21,7 +21,16 @@ from pathlib import Path
 
 import pytest
 from helpers import worker_env
-from hf_helpers import make_pipeline, reference, reference_rows, tiny_model
+from hf_helpers import (
+    ENDING_STEPS,
+    ending_pipeline,
+    hf_train,
+    make_pipeline,
+    reference,
+    reference_rows,
+    tiny_model,
+    zephon_warnings,
+)
 from transformers import Trainer, TrainingArguments
 
 from zephon_core import Pipeline
@@ -137,10 +146,12 @@ def test_two_ranks_resume_exactly(tmp_path, name):
         assert first[rank]["seen"] == full[rank]["seen"][: CRASH * gas]
         assert tail[rank]["seen"] == full[rank]["seen"][CRASH * gas :]
         assert tail[rank]["losses"] == full[rank]["losses"][CRASH:]
+        assert tail[rank]["warnings"] == []  # the same layout: nothing is missing
 
 
 @pytest.mark.parametrize("name", ["callback-dispatch", "trainer"])
-def test_two_rank_checkpoint_resumes_on_one_process(tmp_path, name):
+def test_two_rank_checkpoint_resumes_on_one_process(tmp_path, caplog, name):
+    caplog.set_level(logging.WARNING, logger="zephon_integrations")
     case = CASES[name]
     gas = case["gas"]
     launch(tmp_path, "first", "b", crash_at=CRASH, **case)
@@ -169,6 +180,11 @@ def test_two_rank_checkpoint_resumes_on_one_process(tmp_path, name):
     consumed = CRASH * gas * RANKS  # global batches both ranks took before the save
     remaining = (STEPS - CRASH) * gas
     assert model.seen == reference(consumed + remaining)[consumed:]
+    # the Trainer only logs this at INFO level: the RNG files are per rank
+    [warning] = zephon_warnings(caplog)
+    assert "no rng_state.pth for process 0" in warning
+    assert "it holds rng_state_0.pth, rng_state_1.pth" in warning
+    assert "the data continues exactly" in warning and "dropout" in warning
 
 
 def test_one_process_checkpoint_resumes_on_two_ranks_with_own_lanes(tmp_path):
@@ -195,6 +211,37 @@ def test_one_process_checkpoint_resumes_on_two_ranks_with_own_lanes(tmp_path):
     ref = reference(consumed + (STEPS - CRASH) * gas * RANKS)[consumed:]
     for rank in range(RANKS):
         assert tail[rank]["seen"] == ref[rank::RANKS]
+        [warning] = tail[rank]["warnings"]
+        assert f"no rng_state_{rank}.pth for process {rank} (it holds rng_state.pth" in warning
+
+
+def test_a_resume_where_the_stream_ended_ends_cleanly_on_two_ranks(tmp_path):
+    """accelerate's dispatcher fails a pass without a single batch on every rank (with
+    several processes as a TypeError of its broadcast); a 2-rank resume from a checkpoint
+    taken where a finite stream ended trains nothing, stops and says why -- and that the
+    1-process checkpoint holds no per-rank RNG."""
+    _, _, trainer = hf_train("callback", tmp_path / "b", 40, pipeline=ending_pipeline)
+    assert trainer.state.global_step == ENDING_STEPS  # saved every 3 steps, also there
+    ckpt = tmp_path / "b" / f"checkpoint-{ENDING_STEPS}"
+    records = launch(tmp_path, "end", "c", steps=40, resume=ckpt, ending=1, dispatch=1)
+    for rank, rec in enumerate(records):
+        assert rec["seen"] == [] and rec["losses"] == []
+        rng, ended = rec["warnings"]  # at train begin; when the pass ended
+        assert f"stream ended at step {ENDING_STEPS}, before max_steps=40" in ended
+        assert f"no rng_state_{rank}.pth for process {rank}" in rng
+
+
+def test_resume_without_a_checkpoint_fails_alike_on_every_rank(tmp_path):
+    """Only rank 0 creates ``output_dir``: another rank (or another node) used to fail
+    with FileNotFoundError while rank 0 said there was no checkpoint."""
+    records = launch(tmp_path, "probe", "p", probe_no_checkpoint=1)  # both paths
+    for path in ("callback", "trainer"):
+        errors = [r["errors"][path].replace(f"{path}-rank{r['rank']}", "<d>") for r in records]
+        assert errors[0] == errors[1], errors
+        if path == "trainer":
+            assert errors[0].startswith("ConfigError: resume_from_checkpoint=True but")
+        else:  # raised in Trainer.train before any callback runs: the Trainer's own error
+            assert errors[0].startswith("ValueError: No valid checkpoint found")
 
 
 def test_dispatching_ragged_batches_fails_on_every_rank_before_training(tmp_path):

@@ -20,26 +20,41 @@ What it takes care of (transformers 5.x / accelerate traps):
   there atomically. ``on_train_begin`` finds the directory a resume starts from and
   restores it before the first batch is read; the Trainer's RNG state is restored
   again at the first resumed step, because the loader iterators it creates on resume
-  draw from the global RNG after the Trainer's own restore.
+  draw from the global RNG after the Trainer's own restore. What the checkpoint lacks
+  for a bit-identical run (RNG, optimizer) is logged as a WARNING.
+* A finite stream that ends before ``max_steps`` ends training at that step
+  (``stream_end.py``); options that do not apply to a stream are named once
+  (``ignored_options.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core.distributed.finite_end import is_finite
 from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp
 
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
-from .checkpoint_dir import read_state, resolve_resume_dir, restore_rng, step_dir, write_state
+from .checkpoint_dir import (
+    read_state,
+    resolve_resume_dir,
+    restore_rng,
+    step_dir,
+    warn_resume_gaps,
+    write_state,
+)
+from .ignored_options import constructing_trainer, warn_ignored_options
 from .rows import Feed, ZephonRows
+from .stream_end import StreamEnd, end_empty_passes_quietly
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +89,10 @@ class ZephonCallback(TrainerCallback):
             loaders run without workers too).
         resume_from: the checkpoint directory to restore from, when it is neither the
             one given to ``train(resume_from_checkpoint=...)`` nor in ``output_dir``.
+        allow_changes: accepted on resume, as in ``Pipeline.load_state_dict``:
+            ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
+            ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
+            The resumed run's own checkpoints then resume exactly without it.
     """
 
     def __init__(
@@ -82,10 +101,12 @@ class ZephonCallback(TrainerCallback):
         *,
         num_workers: int | None = None,
         resume_from: str | None = None,
+        allow_changes: Iterable[str] = (),
     ):
         self._factory = pipeline
         self.num_workers = num_workers
         self.resume_from = resume_from
+        self.allow_changes = frozenset(allow_changes)
         self.train_dataset = ZephonRows()
         self.pipeline: Pipeline | None = None  # this process's pipeline in the running train()
         self.loader: ZephonDataLoader | None = None  # ... and the loader handle it reads
@@ -95,6 +116,8 @@ class ZephonCallback(TrainerCallback):
         self._rng_from: str | None = None
         self._saved: tuple[int, dict[str, Any] | None] | None = None  # (step, merged state)
         self._cache_off: list[Any] = []  # model configs whose KV cache training turned off
+        self._prefetch_factor: int | None = None  # the Trainer's, for Zephon's workers
+        self._stream_end = StreamEnd("ZephonCallback")
 
     # -- setup --------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -106,9 +129,16 @@ class ZephonCallback(TrainerCallback):
                 "the pipeline's batch(): set auto_find_batch_size=False"
             )
         args.ignore_data_skip = True  # never read and throw away batches on resume
+        warn_ignored_options(args, constructing_trainer(), "ZephonCallback")
+        # Only rank 0 creates output_dir; resume_from_checkpoint=True lists it on every rank
+        # (in Trainer.train, before any callback runs), so without it the other ranks
+        # fail with FileNotFoundError while rank 0 says there is no checkpoint.
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
         if args.dataloader_num_workers:
             if self.num_workers is None:
                 self.num_workers = args.dataloader_num_workers
+            self._prefetch_factor = args.dataloader_prefetch_factor
             log.info(
                 "ZephonCallback: %d DataLoader workers run inside Zephon's loader",
                 args.dataloader_num_workers,
@@ -165,8 +195,15 @@ class ZephonCallback(TrainerCallback):
         self._layout, self._start_step, self._saved = layout, state.global_step, None
         if state.global_step > 0:  # the Trainer loaded a checkpoint's trainer_state.json
             path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
-            pipe.load_state_dict(read_state(path), origin=str(path))
+            pipe.load_state_dict(
+                read_state(path), allow_changes=self.allow_changes, origin=str(path)
+            )
+            warn_resume_gaps(
+                path, args.process_index, args.world_size, "ZephonCallback", bool(args.deepspeed)
+            )
             self._rng_from = path
+        if is_finite(pipe.source):  # a resume where the stream ended has nothing to read
+            end_empty_passes_quietly(train_dataloader)
         if not layout.reads:
             self.pipeline = self.loader = None
             self.train_dataset.feed = Feed(loader=None)
@@ -176,7 +213,9 @@ class ZephonCallback(TrainerCallback):
         # undo history counts turns, and every lane of this process may add a skip turn
         lanes = pipe.canonical_replicas // pipe.topology().dp_size
         read_ahead = (2 * self._outputs_per_micro_step + 16) * lanes
-        loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead)
+        prefetch = self._prefetch_factor
+        extra = {"prefetch_factor": prefetch} if workers and prefetch else {}
+        loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead, **extra)
         self.pipeline, self.loader = pipe, loader
         self.train_dataset.feed = Feed(
             loader=loader,
@@ -192,6 +231,12 @@ class ZephonCallback(TrainerCallback):
             # reached it: after the resumed loader iterators drew their seeds
             restore_rng(self._rng_from, args.process_index, args.world_size)
             self._rng_from = None
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        return self._stream_end.on_epoch_begin(args, state, control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        return self._stream_end.on_epoch_end(args, state, control)
 
     # -- saving -------------------------------------------------------------------------
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -221,6 +266,11 @@ class ZephonCallback(TrainerCallback):
             * args.gradient_accumulation_steps
             * self._outputs_per_micro_step
         )
+        feed = self.train_dataset.feed
+        if feed is not None and feed.ended:
+            # the step where a finite stream ended may have had fewer batches (a partial
+            # accumulation); everything handed out was trained
+            consumed = min(consumed, self.loader.consumer.served)
         # own lanes: an aggregation round on every rank
         return self.loader.checkpoint(served=consumed)
 

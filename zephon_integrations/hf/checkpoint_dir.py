@@ -1,13 +1,17 @@
 """Zephon's file inside a Trainer ``checkpoint-N/`` directory, and finding that directory.
 
 Shared by :class:`ZephonCallback` and :class:`ZephonTrainer`: where the merged state
-is written, how a resume locates it, and restoring the Trainer's RNG files (which the
-Trainer itself restores too early once ``ignore_data_skip`` is on, see callers).
+is written, how a resume locates it, restoring the Trainer's RNG files (which the
+Trainer itself restores too early once ``ignore_data_skip`` is on, see callers), and
+saying what a checkpoint lacks for a bit-identical resume (the Trainer only logs that
+at INFO level, or not at all).
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
 import random
 import sys
@@ -16,13 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 from transformers.trainer_pt_utils import safe_globals
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
 from zephon_core.checkpoint.trainer_files import HF_STATE_FILE
 
 STATE_FILE = HF_STATE_FILE
+log = logging.getLogger(__name__)
 
 
 def step_dir(output_dir: str, global_step: int) -> str:
@@ -110,6 +115,23 @@ def trainer_resume_arg() -> str | None:
     return None
 
 
+def last_checkpoint(output_dir: str) -> str:
+    """The latest ``checkpoint-N`` of ``output_dir``, for ``resume_from_checkpoint=True``.
+
+    Raises:
+        ConfigError: there is none -- also where ``output_dir`` does not exist, as on a
+            rank other than 0 (only rank 0 creates it), so every rank fails alike.
+    """
+    found = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if found is None:
+        raise ConfigError(
+            f"resume_from_checkpoint=True but {output_dir} holds no checkpoint-* "
+            "directory (on this rank): start without resume_from_checkpoint, or pass "
+            "the checkpoint's path"
+        )
+    return found
+
+
 def resolve_resume_dir(output_dir: str, global_step: int, explicit: str | None) -> str:
     """The directory a resume at ``global_step`` restores from.
 
@@ -149,3 +171,57 @@ def restore_rng(checkpoint_dir: str, process_index: int, world_size: int) -> boo
         else:
             torch.cuda.set_rng_state(cuda)
     return True
+
+
+def warn_resume_gaps(
+    checkpoint_dir: str, process_index: int, world_size: int, who: str, deepspeed: bool = False
+) -> list[str]:
+    """Log one WARNING when ``checkpoint_dir`` lacks what the Trainer needs to continue the
+    model's run bit for bit; returns what is missing (empty: nothing).
+
+    Zephon's own state continues the data exactly either way. The Trainer resumes
+    without complaint (or with an INFO line) when the RNG file of this process is absent
+    (``save_only_model=True``, or another number of processes saved it) or when the
+    optimizer/scheduler files are (``save_only_model=True``).
+    """
+    gaps = []
+    rng = f"rng_state_{process_index}.pth" if world_size > 1 else "rng_state.pth"
+    if not os.path.isfile(os.path.join(checkpoint_dir, rng)):
+        pattern = os.path.join(glob.escape(checkpoint_dir), "rng_state*.pth")
+        others = sorted(os.path.basename(p) for p in glob.glob(pattern))
+        why = (
+            f"it holds {', '.join(others)}: saved by another number of processes than "
+            f"the {world_size} resuming"
+            if others
+            else "saved with save_only_model=True?"
+        )
+        gaps.append(
+            f"it has no {rng} for process {process_index} ({why}), so dropout and every "
+            "other random draw of the model differ from the uninterrupted run"
+        )
+    if not deepspeed and not _has_optimizer(checkpoint_dir):
+        gaps.append(
+            "it has no optimizer/scheduler state (optimizer.pt and scheduler.pt: saved "
+            "with save_only_model=True?), so the optimizer and the learning-rate schedule "
+            "start afresh"
+        )
+    if gaps:
+        log.warning(
+            "%s: resuming from %s, the data continues exactly, but %s. Losses will "
+            "not match an uninterrupted run",
+            who,
+            checkpoint_dir,
+            "; and ".join(gaps),
+        )
+    return gaps
+
+
+def _has_optimizer(checkpoint_dir: str) -> bool:
+    # the Trainer's own test (_load_optimizer_and_scheduler): it loads neither without both
+    names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
+    optimizer = any(
+        n in ("optimizer.pt", "optimizer.bin")
+        or ("optimizer" in n and os.path.isdir(os.path.join(checkpoint_dir, n)))
+        for n in names
+    )
+    return optimizer and "scheduler.pt" in names

@@ -46,6 +46,7 @@ class Feed:
         slots: ranks per ``IterableDatasetShard`` group (1: serve the rows as they come).
         slot: this rank's slot in the group.
         slot_rows: rows per slot (the Trainer's per-device batch size).
+        ended: this process's stream ended (a finite pipeline).
     """
 
     loader: DataLoader | None
@@ -53,6 +54,7 @@ class Feed:
     slots: int = 1
     slot: int = 0
     slot_rows: int = 1
+    ended: bool = False
 
 
 class ZephonRows(IterableDataset):
@@ -92,12 +94,14 @@ def _rows(feed: Feed) -> Iterator[Any]:
     own = _unbatch(feed.loader, feed.rows_per_output)
     if feed.slots == 1:
         yield from own
+        feed.ended = True
         return
     filler = [NOT_THIS_RANK] * feed.slot_rows
     while True:
         # take this rank's rows first so a group is only ever emitted whole
         mine = list(islice(own, feed.slot_rows))
         if len(mine) < feed.slot_rows:
+            feed.ended = True
             return
         for slot in range(feed.slots):
             yield from mine if slot == feed.slot else filler

@@ -7,21 +7,33 @@ is not passed through ``accelerator.prepare`` (no dispatching from rank 0, no
 Each checkpoint directory gets ``zephon_state.msgpack.zst`` -- the merged state of
 all lanes right after the batches the saved optimizer steps consumed -- and
 ``train(resume_from_checkpoint=True|path)`` restores it before the first batch.
+What the checkpoint lacks for a bit-identical run (RNG, optimizer) is logged as a
+WARNING; a finite stream that ends before ``max_steps`` ends training at that step
+(``stream_end.py``); options that do not apply to a stream are named once
+(``ignored_options.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from transformers import Trainer
-from transformers.trainer_utils import get_last_checkpoint
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
-from .checkpoint_dir import STATE_FILE, read_state, step_dir, write_state
+from .checkpoint_dir import (
+    STATE_FILE,
+    last_checkpoint,
+    read_state,
+    step_dir,
+    warn_resume_gaps,
+    write_state,
+)
+from .ignored_options import warn_ignored_options
+from .stream_end import StreamEnd
 
 __all__ = ["STATE_FILE", "ZephonTrainer"]
 
@@ -34,9 +46,23 @@ class ZephonTrainer(Trainer):
         trainer = ZephonTrainer(model=model, args=TrainingArguments(..., max_steps=1000),
                                 pipeline=build_pipeline)
         trainer.train()                                  # later: resume_from_checkpoint=True
+
+    Args:
+        pipeline: a Pipeline or a zero-argument factory returning one.
+        allow_changes: accepted on resume, as in ``Pipeline.load_state_dict``:
+            ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
+            ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
+            The resumed run's own checkpoints then resume exactly without it.
+        *args, **kwargs: as for ``transformers.Trainer`` (no ``data_collator``).
     """
 
-    def __init__(self, *args: Any, pipeline: Pipeline | Callable[[], Pipeline], **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        pipeline: Pipeline | Callable[[], Pipeline],
+        allow_changes: Iterable[str] = (),
+        **kwargs: Any,
+    ):
         if kwargs.get("data_collator") is not None:
             raise ConfigError(
                 "ZephonTrainer feeds the pipeline's batches to the model as they "
@@ -47,7 +73,10 @@ class ZephonTrainer(Trainer):
         if self.args.max_steps is None or self.args.max_steps <= 0:
             raise ConfigError("a Zephon stream has no length: set TrainingArguments(max_steps=...)")
         self.args.ignore_data_skip = True  # never read and throw away batches on resume
+        warn_ignored_options(self.args, self, "ZephonTrainer")
+        self.add_callback(StreamEnd("ZephonTrainer"))
         self._zephon_factory = pipeline
+        self._zephon_allow_changes = frozenset(allow_changes)
         self.zephon_pipeline: Pipeline | None = None
         self.zephon_loader: ZephonDataLoader | None = None  # the handle of the running train()
         self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
@@ -75,14 +104,18 @@ class ZephonTrainer(Trainer):
         self._zephon_served = 0
         self._zephon_cache_off += turn_cache_off(self.model, self._zephon())
         restore, self._zephon_restore = self._zephon_restore, None
+        workers = self.args.dataloader_num_workers
+        prefetch = self.args.dataloader_prefetch_factor
         self.zephon_loader = (
             self._zephon()
             .description()
             .dataloader(
-                num_workers=self.args.dataloader_num_workers,
+                num_workers=workers,
                 pin_memory=self.args.dataloader_pin_memory,
                 restore=restore,
+                allow_changes=self._zephon_allow_changes if restore is not None else (),
                 origin=getattr(self, "_zephon_origin", None) if restore is not None else None,
+                **({"prefetch_factor": prefetch} if workers and prefetch else {}),
             )
         )
         return self.zephon_loader
@@ -99,15 +132,20 @@ class ZephonTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         path = resume_from_checkpoint
         if path is True:
-            path = get_last_checkpoint(self.args.output_dir)
-            if path is None:
-                raise ConfigError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} "
-                    "holds no checkpoint-* directory"
-                )
+            path = last_checkpoint(self.args.output_dir)
         if path:
             state = read_state(path)
-            self._zephon().description().load_state_dict(state)  # validated before any work
+            # validated before any work
+            self._zephon().description().load_state_dict(
+                state, allow_changes=self._zephon_allow_changes, origin=str(path)
+            )
+            warn_resume_gaps(
+                str(path),
+                self.args.process_index,
+                self.args.world_size,
+                "ZephonTrainer",
+                bool(self.args.deepspeed),
+            )
             self._zephon_restore = state
             self._zephon_rng_from = path
             self._zephon_origin = str(path)
