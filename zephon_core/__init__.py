@@ -8,6 +8,7 @@ from .errors import (
     ConfigError,
     ContractViolation,
     CorruptCheckpoint,
+    CorruptData,
     IncompatibleCheckpoint,
     LifecycleError,
     MissingCheckpointState,
@@ -15,6 +16,7 @@ from .errors import (
     PipelineStalled,
     ReplayDivergence,
     SourceChanged,
+    StorageThrottled,
     TopologyError,
     ZephonError,
 )
@@ -49,5 +51,7 @@ __all__ = [
     "MissingCheckpointState",
     "ReplayDivergence",
     "SourceChanged",
+    "CorruptData",
+    "StorageThrottled",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,140 @@
+"""The bytes of a Parquet row group, read once, digested, then decoded from memory.
+
+Why: a flipped byte in a Parquet file is decoded as wrong data without an error unless
+its pages carry CRCs (most writers leave them out) -- and a header or a dictionary index
+is not covered even then. So a row group's column chunks (the compressed bytes the
+decoder reads, located by the footer) are fetched here, digested (BLAKE2b, 8 bytes per
+column chunk), and the decoder is handed an in-memory file that serves exactly those
+bytes: what is digested is what is decoded, and a digest mismatch is found before any
+decoding. The requests are the ones the decoder would have made (one per run of
+adjacent column chunks, as Arrow coalesces them).
+
+Example:
+    >>> import io, pyarrow as pa, pyarrow.parquet as pq
+    >>> buf = io.BytesIO()
+    >>> pq.write_table(pa.table({"text": ["a", "b"]}), buf)
+    >>> md = pq.ParquetFile(buf).metadata
+    >>> chunks = read_chunks(buf, md, 0, leaves(md, ["text"]))
+    >>> len(row_group_digest(chunks).hex())
+    16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SpanFile", "leaves", "read_chunks", "row_group_digest", "chunk_digests"]
+
+HOLE_BYTES = 8 << 10  # adjacent chunks closer than this are read in one request (Arrow's)
+MAX_RUN_BYTES = 64 << 20  # one request at most this long
+
+
+def leaves(md: Any, columns: Sequence[str] | None) -> list[int]:
+    """Leaf column indices read for ``columns`` (all for ``None``): a name selects its
+    own leaf and, for a nested column, every leaf below it (as ``read_row_group``)."""
+    out = []
+    for i in range(md.num_columns):
+        path = md.schema.column(i).path
+        if columns is None or any(path == c or path.startswith(c + ".") for c in columns):
+            out.append(i)
+    return out
+
+
+def leaf_paths(md: Any, idx: Sequence[int]) -> list[str]:
+    return [md.schema.column(i).path for i in idx]
+
+
+def _span(cc: Any) -> tuple[int, int]:
+    """``(start, length)`` of a column chunk: its dictionary page, if any, comes first."""
+    start = cc.data_page_offset
+    dic = cc.dictionary_page_offset if cc.has_dictionary_page else None
+    if dic is not None and 0 < dic < start:
+        start = dic
+    return int(start), int(cc.total_compressed_size)
+
+
+def read_chunks(fh: Any, md: Any, rg: int, idx: Sequence[int]) -> list[tuple[int, memoryview]]:
+    """``(start, bytes)`` of each column chunk ``idx`` of row group ``rg`` (in that order);
+    chunks adjacent in the file are fetched with one request."""
+    spans = [_span(md.row_group(rg).column(i)) for i in idx]
+    order = sorted(range(len(spans)), key=lambda k: spans[k])
+    out: list[Any] = [None] * len(spans)
+    i = 0
+    while i < len(order):
+        start, end, j = spans[order[i]][0], sum(spans[order[i]]), i + 1
+        while j < len(order) and spans[order[j]][0] - end <= HOLE_BYTES:
+            if sum(spans[order[j]]) - start > MAX_RUN_BYTES:
+                break
+            end, j = max(end, sum(spans[order[j]])), j + 1
+        fh.seek(start)
+        run = memoryview(_read_exactly(fh, end - start))
+        for k in order[i:j]:
+            s, n = spans[k]
+            out[k] = (s, run[s - start : s - start + n])
+        i = j
+    return out
+
+
+def _read_exactly(fh: Any, n: int) -> bytes:
+    parts, left = [], n
+    while left > 0:
+        got = fh.read(left)
+        if not got:
+            raise EOFError(f"the file ended {left} bytes before the column chunk's end")
+        parts.append(got)
+        left -= len(got)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def chunk_digests(chunks: Sequence[tuple[int, memoryview]]) -> list[bytes]:
+    """An 8-byte digest of each column chunk's bytes."""
+    return [hashlib.blake2b(buf, digest_size=8).digest() for _, buf in chunks]
+
+
+def combine(digests: Sequence[bytes]) -> bytes:
+    """One row group's digest from its column chunks' (in file order)."""
+    return hashlib.blake2b(b"".join(digests), digest_size=8).digest()
+
+
+def row_group_digest(chunks: Sequence[tuple[int, memoryview]]) -> bytes:
+    return combine(chunk_digests(chunks))
+
+
+class SpanFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes that serves the given spans from memory (the
+    decoder, given the footer, reads only column chunks); anything else is read from
+    ``fallback`` (an old writer's padding past a chunk, say)."""
+
+    def __init__(self, spans: Sequence[tuple[int, memoryview]], size: int, fallback: Any):
+        super().__init__()
+        self._spans, self._size, self._fallback, self._pos = list(spans), int(size), fallback, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._size)[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def read(self, n: int = -1) -> Any:
+        if n is None or n < 0:
+            n = self._size - self._pos
+        pos = self._pos
+        for start, buf in self._spans:
+            if start <= pos and pos + n <= start + len(buf):
+                self._pos += n
+                return buf[pos - start : pos - start + n]
+        self._fallback.seek(pos)
+        data = self._fallback.read(n)
+        self._pos += len(data)
+        return data
