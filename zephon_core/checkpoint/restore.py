@@ -27,7 +27,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
-from .remix import REMIX_CHANGES, mixture_only_diff, remix
+from .manifest import describe_change, differs, digest_of
+from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
+from .resize import accept_resized, resized, resized_refusal
 from .state import LaneState, PipelineState, check_progress
 
 #: what ``allow_changes=`` may name
@@ -51,6 +53,13 @@ def admit(
         parsed = dataclasses.replace(parsed, origin=origin)
     if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
+    if parsed.fingerprint != plan.fingerprint:  # a dataset's length changed? (resize.py)
+        other, mix, comp, data = classify_diff(parsed.config, plan.config, plan.source)
+        if data and "data" not in allowed:  # the root cause first: the data changed
+            changed = resized(parsed.config, plan.config)
+            raise resized_refusal(changed, parsed.content, plan.content, other + mix + comp)
+        if data and not (other or mix or comp):
+            parsed = accept_resized(parsed, plan)
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source)
         diff = other + comp + mix
@@ -104,8 +113,14 @@ def content_changes(saved: dict, now: dict) -> dict[str, list[str]]:
     ):
         a, b = saved.get(part, {}), now.get(part, {})
         for name in sorted(set(a) & set(b)):
-            if a[name] != b[name]:
-                found[kind].append(f"{what} {name!r} ({a[name]} in checkpoint, {b[name]} now)")
+            # a dataset's fingerprint may carry a manifest of its shards: it explains a
+            # change, only the digest decides one (manifest.py)
+            if differs(a[name], b[name]) if kind == "data" else a[name] != b[name]:
+                why = describe_change(a[name], b[name]) if kind == "data" else None
+                found[kind].append(
+                    f"{what} {name!r} ({digest_of(a[name])} in checkpoint, "
+                    f"{digest_of(b[name])} now{'; ' + why if why else ''})"
+                )
     return found
 
 

@@ -46,7 +46,7 @@ from ..validate import int_arg
 from .loading_lru import LoadingLRU
 from .parquet_digest import SpanFile, chunk_digests, combine, leaf_paths, leaves, read_chunks
 from .parquet_index import Shard, _version, build_index, list_shards
-from .storage_retry import retrying, transient
+from .storage_retry import expired, retrying, transient
 
 __all__ = ["ParquetComponent", "parquet_component"]
 
@@ -95,7 +95,7 @@ def parquet_component(
     if not urls:
         raise ConfigError("parquet_component: give a path, a glob or a list of files")
     options = dict(storage_options or {})
-    fs, _, _ = fsspec.core.get_fs_token_paths(urls[0], storage_options=options)
+    fs, _ = fsspec.core.url_to_fs(urls[0], **options)  # no glob yet: list_shards retries
     listed = list_shards(fs, urls)
     if not listed:
         raise ConfigError(f"parquet_component: no Parquet files match {urls!r}")
@@ -314,6 +314,8 @@ class ParquetComponent:
                 operator="fetch",
             ) from e
         except Exception as e:  # noqa: BLE001 - named: which shard and row group
+            if expired(e):  # s3fs's FileExpired: the ETag moved since the listing
+                raise self._changed(shard, f"its ETag changed: {type(e).__name__}") from e
             if transient(e):
                 raise  # retried (or named as throttled) by storage_retry
             raise PipelineError(
@@ -330,7 +332,8 @@ class ParquetComponent:
         want = int(self._digests[g])
         if want and digest != want:
             when = "when the index was built" if self._indexed[g] else "at its first read"
-            raise _Damaged(f"its bytes have digest {digest:016x}, {want:016x} {when}")
+            crc, was = digest & 0xFFFFFFFF, want & 0xFFFFFFFF
+            raise _Damaged(f"its bytes' CRC-32 is {crc:08x}, {was:08x} {when}")
         s, rg = self._where[g]
         try:
             table = pq.ParquetFile(
@@ -414,10 +417,9 @@ def _short(text: str) -> str:
 
 
 def _combined(paths: Sequence[str], digests: Sequence[bytes]) -> int:
-    """A row group's digest as a nonzero uint64, from its leaves' (in path order, so the
-    index's per-leaf digests combine to the same value)."""
-    d = int.from_bytes(combine([x for _, x in sorted(zip(paths, digests))]), "little")
-    return d or 1
+    """A row group's digest, from its leaves' (in path order, so the index's per-leaf
+    digests combine to the same value), marked known (bit 32: 0 means none yet)."""
+    return int.from_bytes(combine([x for _, x in sorted(zip(paths, digests))]), "big") | 1 << 32
 
 
 def _indexed_digest(shard: Shard, rg: int, columns: Sequence[str] | None) -> int | None:

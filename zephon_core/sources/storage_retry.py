@@ -139,8 +139,8 @@ def exhausted(
             "limited the request rate. Retry later, or read with fewer requests at once "
             "(fewer DataLoader workers or ranks, a lower fetch parallelism), keep the index "
             "with index_path= so footers are read once, read through disk_cache=, or let "
-            "the client retry longer (storage_options={'retries': ..., 'config_kwargs': "
-            "{'retries': {'max_attempts': ...}}} for s3fs)",
+            "the client retry longer (for s3fs: storage_options={'config_kwargs': "
+            "{'retries': {'max_attempts': 10, 'mode': 'adaptive'}}})",
             operator=operator,
         )
     return PipelineError(
