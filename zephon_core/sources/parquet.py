@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -168,6 +169,8 @@ class ParquetComponent:
             d = _indexed_digest(self.shards[s], rg, self.columns)
             if d is not None:
                 self._digests[g], self._indexed[g] = d, True
+        # the index's digest strings are in the array now (8 bytes per row group)
+        self.shards = tuple(dataclasses.replace(s, digests=None) for s in self.shards)
         self._setup_cache(footers)
 
     def _setup_cache(self, footers: dict[str, Any] | None = None) -> None:
@@ -304,7 +307,8 @@ class ParquetComponent:
                     chunks = read_chunks(fh, md, rg, idx)
                 except EOFError as e:
                     raise _Damaged(f"it is shorter than its footer says ({e})") from None
-                return self._decode(g, fh, md, idx, chunks, size or shard.size)
+                end = max((start + len(buf) for start, buf in chunks), default=0)
+                return self._decode(g, fh, md, idx, chunks, size or shard.size or end)
         except (SourceChanged, _Damaged):
             raise
         except FileNotFoundError as e:
