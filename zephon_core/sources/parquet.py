@@ -45,7 +45,7 @@ from ..checkpoint.manifest import with_manifest
 from ..errors import ConfigError, CorruptData, PipelineError, SourceChanged
 from ..validate import int_arg
 from .loading_lru import LoadingLRU
-from .parquet_digest import SpanFile, chunk_digests, combine, leaf_paths, leaves, read_chunks
+from .parquet_digest import RowGroupDigests, SpanFile, leaves, read_chunks
 from .parquet_index import Shard, _version, build_index, list_shards
 from .storage_retry import expired, retrying, transient
 
@@ -161,15 +161,8 @@ class ParquetComponent:
                 starts.append(starts[-1] + n)
         self._starts = np.asarray(starts, dtype=np.int64)
         self._where = where
-        # the digest each row group's bytes must have (0: none yet) and whether it came
-        # from the index (else from this process's first read of it)
-        self._digests = np.zeros(len(where), dtype=np.uint64)
-        self._indexed = np.zeros(len(where), dtype=bool)
-        for g, (s, rg) in enumerate(where):
-            d = _indexed_digest(self.shards[s], rg, self.columns)
-            if d is not None:
-                self._digests[g], self._indexed[g] = d, True
-        # the index's digest strings are in the array now (8 bytes per row group)
+        self._digests = RowGroupDigests(self.shards, where, self.columns)
+        # the index's digest strings are in the table now (9 bytes per row group)
         self.shards = tuple(dataclasses.replace(s, digests=None) for s in self.shards)
         self._setup_cache(footers)
 
@@ -332,12 +325,9 @@ class ParquetComponent:
         checksums); the first good read of a row group sets its digest."""
         import pyarrow.parquet as pq
 
-        digest = _combined(leaf_paths(md, idx), chunk_digests(chunks))
-        want = int(self._digests[g])
-        if want and digest != want:
-            when = "when the index was built" if self._indexed[g] else "at its first read"
-            crc, was = digest & 0xFFFFFFFF, want & 0xFFFFFFFF
-            raise _Damaged(f"its bytes' CRC-32 is {crc:08x}, {was:08x} {when}")
+        problem, digest = self._digests.check(g, md, idx, chunks)
+        if problem:
+            raise _Damaged(problem)
         s, rg = self._where[g]
         try:
             table = pq.ParquetFile(
@@ -349,8 +339,7 @@ class ParquetComponent:
         rows = self.shards[s].row_groups[rg]
         if table.num_rows != rows:  # a damaged page header can drop values
             raise _Damaged(f"it decodes to {table.num_rows} rows, {rows} in its footer")
-        if not want:
-            self._digests[g] = digest
+        self._digests.record(g, digest)
         return table
 
     def _forget(self, s: int) -> None:
@@ -418,19 +407,3 @@ def _footer(fh: Any) -> Any:
 
 def _short(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
-
-
-def _combined(paths: Sequence[str], digests: Sequence[bytes]) -> int:
-    """A row group's digest, from its leaves' (in path order, so the index's per-leaf
-    digests combine to the same value), marked known (bit 32: 0 means none yet)."""
-    return int.from_bytes(combine([x for _, x in sorted(zip(paths, digests))]), "big") | 1 << 32
-
-
-def _indexed_digest(shard: Shard, rg: int, columns: Sequence[str] | None) -> int | None:
-    if not shard.has_digests(columns):
-        return None
-    want = shard.columns if columns is None else columns
-    paths = sorted(p for p in shard.digests if any(p == c or p.startswith(c + ".") for c in want))
-    if any(len(shard.digests[p]) != len(shard.row_groups) for p in paths):
-        return None
-    return _combined(paths, [bytes.fromhex(shard.digests[p][rg]) for p in paths])

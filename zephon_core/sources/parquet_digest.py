@@ -31,7 +31,9 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SpanFile", "leaves", "read_chunks", "row_group_digest", "chunk_digests"]
+import numpy as np
+
+__all__ = ["RowGroupDigests", "SpanFile", "leaves", "read_chunks", "row_group_digest"]
 
 HOLE_BYTES = 8 << 10  # adjacent chunks closer than this are read in one request (Arrow's)
 MAX_RUN_BYTES = 64 << 20  # one request at most this long
@@ -106,6 +108,58 @@ def combine(digests: Sequence[bytes]) -> bytes:
 
 def row_group_digest(chunks: Sequence[tuple[int, memoryview]]) -> bytes:
     return combine(chunk_digests(chunks))
+
+
+class RowGroupDigests:
+    """The digest each row group's bytes must have: from the index where it has them,
+    else from the row group's first good read in this process (a uint64 per row group:
+    bit 32 marks it known, so it travels to DataLoader workers as one small array).
+
+    ``check`` digests a read's bytes and compares; ``record`` makes that digest the
+    reference once the bytes decoded well.
+    """
+
+    def __init__(self, shards: Sequence[Any], where: Sequence[tuple[int, int]], columns: Any):
+        self._want = np.zeros(len(where), dtype=np.uint64)
+        self._indexed = np.zeros(len(where), dtype=bool)
+        for g, (s, rg) in enumerate(where):
+            d = _from_index(shards[s], rg, columns)
+            if d is not None:
+                self._want[g], self._indexed[g] = d, True
+
+    def check(
+        self, g: int, md: Any, idx: Sequence[int], chunks: Sequence
+    ) -> tuple[str | None, int]:
+        """(why row group ``g``'s bytes are not the expected ones or ``None``, their digest)."""
+        got = _combined(leaf_paths(md, idx), chunk_digests(chunks))
+        want = int(self._want[g])
+        if want and got != want:
+            when = "when the index was built" if self._indexed[g] else "at its first read"
+            return (
+                f"its bytes' CRC-32 is {got & 0xFFFFFFFF:08x}, {want & 0xFFFFFFFF:08x} {when}",
+                got,
+            )
+        return None, got
+
+    def record(self, g: int, got: int) -> None:
+        if not self._want[g]:
+            self._want[g] = got
+
+
+def _combined(paths: Sequence[str], digests: Sequence[bytes]) -> int:
+    """A row group's digest from its leaves' (in path order, so the index's per-leaf
+    digests combine to the same value), with bit 32 set (0 means none yet)."""
+    return int.from_bytes(combine([x for _, x in sorted(zip(paths, digests))]), "big") | 1 << 32
+
+
+def _from_index(shard: Any, rg: int, columns: Sequence[str] | None) -> int | None:
+    if not shard.has_digests(columns):
+        return None
+    want = shard.columns if columns is None else columns
+    paths = sorted(p for p in shard.digests if any(p == c or p.startswith(c + ".") for c in want))
+    if any(len(shard.digests[p]) != len(shard.row_groups) for p in paths):
+        return None
+    return _combined(paths, [bytes.fromhex(shard.digests[p][rg]) for p in paths])
 
 
 class SpanFile(io.RawIOBase):
