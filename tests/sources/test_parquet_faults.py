@@ -188,8 +188,9 @@ def test_a_deleted_or_appended_shard_is_named_and_data_changes_continue(tmp_path
 def test_a_grown_list_is_a_data_change_not_a_mixture_change():
     docs = [{"text": f"d{i} " + "q" * (i % 40)} for i in range(90)]
 
-    def build(rows):
-        src = StaticMixtureWorkSource({"docs": rows, "more": docs[:30]}, chunk_size=8, seed=3)
+    def build(rows, **more):
+        src = StaticMixtureWorkSource({"docs": rows, "more": docs[:30], **more}, chunk_size=8,
+                                      seed=3)  # fmt: skip
         return small_packed(Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1))
 
     state = _checkpoint(build(docs))
@@ -198,6 +199,13 @@ def test_a_grown_list_is_a_data_change_not_a_mixture_change():
         build(grown).load_state_dict(state)
     with build(grown) as pipe:
         pipe.load_state_dict(state, allow_changes={"data"})
+        assert len(take(pipe, 4)) == 4
+    # grown while a dataset is added: a re-mix still names the length, then accepts both
+    extra = {"extra": docs[:20]}
+    with pytest.raises(IncompatibleCheckpoint, match="'docs': 90 rows -> 100. To resume"):
+        build(grown, **extra).load_state_dict(state, allow_changes={"weights", "components"})
+    with build(grown, **extra) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights", "components", "data"})
         assert len(take(pipe, 4)) == 4
 
 

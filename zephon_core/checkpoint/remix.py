@@ -84,7 +84,7 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
             removed dataset is still inflight, or the source cannot re-mix.
     """
     source = plan.source
-    other, mix, comp, data = classify_diff(state.config, plan.config, source)
+    other, mix, comp, _ = classify_diff(state.config, plan.config, source)
     changed = resized(state.config, plan.config)
     if changed and "data" not in allowed:  # the root cause: the data, not the mixture
         raise resized_refusal(changed, state.content, plan.content, other)

@@ -53,12 +53,12 @@ def admit(
         parsed = dataclasses.replace(parsed, origin=origin)
     if parsed.fingerprint != plan.fingerprint and allowed & REMIX_CHANGES:
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
-    if parsed.fingerprint != plan.fingerprint:  # a dataset's length changed? (resize.py)
-        other, mix, comp, data = classify_diff(parsed.config, plan.config, plan.source)
-        if data and "data" not in allowed:  # the root cause first: the data changed
-            changed = resized(parsed.config, plan.config)
+    changed = resized(parsed.config, plan.config)  # datasets of another length (resize.py)
+    if changed and parsed.fingerprint != plan.fingerprint:
+        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source)
+        if "data" not in allowed:  # the root cause first: the data changed, not the mixture
             raise resized_refusal(changed, parsed.content, plan.content, other + mix + comp)
-        if data and not (other or mix or comp):
+        if not (other or mix or comp):
             parsed = accept_resized(parsed, plan)
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source)

@@ -46,7 +46,7 @@ from ..errors import ConfigError, CorruptData, PipelineError, SourceChanged
 from ..validate import int_arg
 from .loading_lru import LoadingLRU
 from .parquet_digest import RowGroupDigests, SpanFile, leaves, read_chunks
-from .parquet_index import Shard, _version, build_index, list_shards
+from .parquet_index import Shard, build_index, list_shards, version_of
 from .storage_retry import expired, retrying, transient
 
 __all__ = ["ParquetComponent", "parquet_component"]
@@ -152,7 +152,8 @@ class ParquetComponent:
         self.fs = self._reader_fs()
         # a local file's modification time is checked at every read (a stat): a shard
         # rewritten in place under the job is SourceChanged, as an object's ETag is
-        self._local = "file" in np.atleast_1d(getattr(fs, "protocol", ())).tolist()
+        protocol = getattr(fs, "protocol", ())
+        self._local = "file" in ((protocol,) if isinstance(protocol, str) else protocol)
         # global row-group table: starting row, shard, row group within the shard
         starts, where = [0], []
         for s, shard in enumerate(self.shards):
@@ -289,7 +290,7 @@ class ParquetComponent:
                 if size is not None and shard.size and size != shard.size:
                     raise self._changed(shard, f"{size} bytes, {shard.size} when indexed")
                 if self._local:
-                    now = _version(self.target.info(shard.path))
+                    now = version_of(self.target.info(shard.path))
                     if now != shard.version:
                         raise self._changed(
                             shard, f"modified at {now}, {shard.version} when indexed"
@@ -363,17 +364,23 @@ class ParquetComponent:
             info = self.target.info(shard.path)
         except FileNotFoundError:
             info = {}
-        if info and (int(info.get("size") or 0), _version(info)) != (shard.size, shard.version):
+        if info and (int(info.get("size") or 0), version_of(info)) != (shard.size, shard.version):
             return self._changed(shard, f"row group {rg}: {reason}")
         first, last = int(self._starts[g]), int(self._starts[g + 1]) - 1
+        maybe = (
+            ""
+            if self._digests.from_index(g)
+            else " (or its first read in this process was "
+            "damaged on the way, and its rows were delivered)"
+        )
         return CorruptData(
             f"row group {rg} of {shard.path} (rows {first}..{last} of the dataset) is "
             f"corrupt: {reason}; read twice, the second time from the store"
             + (" (not the disk cache)" if self.disk_cache else "")
-            + ". The file is damaged where it is stored (or a read was damaged on the way "
-            "and the first one was delivered): restore it from a good copy or write it "
-            "again, then resume from a checkpoint; the shard's size and version are "
-            "unchanged, so a checkpoint of this run restores over the repaired file",
+            + f". The file is damaged where it is stored{maybe}: restore it from a good "
+            "copy or write it again, then resume from a checkpoint (if the repaired file "
+            "has another ETag or modification time, the restore names it as changed data: "
+            "allow_changes={'data'} accepts it)",
             operator="fetch",
         )
 

@@ -141,6 +141,10 @@ class RowGroupDigests:
             )
         return None, got
 
+    def from_index(self, g: int) -> bool:
+        """Whether row group ``g``'s digest came from the index."""
+        return bool(self._indexed[g])
+
     def record(self, g: int, got: int) -> None:
         if not self._want[g]:
             self._want[g] = got

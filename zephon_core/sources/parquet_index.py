@@ -32,7 +32,7 @@ from ..progress import progress_bar
 from .parquet_digest import chunk_digests, leaf_paths, leaves, read_chunks
 from .storage_retry import retrying
 
-__all__ = ["Shard", "list_shards", "build_index"]
+__all__ = ["Shard", "build_index", "list_shards", "version_of"]
 
 INDEX_VERSION = 1
 FOOTER_THREADS = 16  # footer reads are latency-bound: many in flight
@@ -57,7 +57,7 @@ class Shard:
         return all(any(p == c or p.startswith(c + ".") for p in self.digests) for c in want)
 
 
-def _version(info: dict[str, Any]) -> str:
+def version_of(info: dict[str, Any]) -> str:
     return str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
 
 
@@ -84,12 +84,12 @@ def list_shards(fs: Any, urls: Sequence[str]) -> list[tuple[str, int, str]]:
     out = []
     for path in sorted(found):
         info = found[path]
-        if "size" not in info or not _version(info):
+        if "size" not in info or not version_of(info):
             try:
                 info = _retried(f"parquet_component: listing {path}", fs.info, path)
             except FileNotFoundError as e:
                 raise ConfigError(f"parquet_component: {path} does not exist") from e
-        out.append((path, int(info.get("size") or 0), _version(info)))
+        out.append((path, int(info.get("size") or 0), version_of(info)))
     return out
 
 
