@@ -109,9 +109,12 @@ def run_child(cfg: dict) -> dict:
         text=True,
         check=False,
     )
-    if proc.returncode != 0:
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
         raise RuntimeError(f"child {cfg['variant']} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if proc.returncode != 0:  # its numbers are out; an abort at exit is counted apart
+        log(f"   (child {cfg['variant']} {cfg['part']} exited with {proc.returncode})")
+    return {**json.loads(lines[-1]), "exit_code": proc.returncode}
 
 
 def measure(url: str, options: dict, rounds: int) -> dict:
@@ -120,7 +123,9 @@ def measure(url: str, options: dict, rounds: int) -> dict:
     def keep(key: str, got: dict) -> None:
         old = best.setdefault(key, {})
         for k, v in got.items():
-            if isinstance(v, (int, float)) and not k.startswith("rows"):
+            if k == "exit_code":
+                old["aborted_exits"] = old.get("aborted_exits", 0) + (v != 0)
+            elif isinstance(v, (int, float)) and not k.startswith("rows"):
                 old[k] = min(old.get(k, float("inf")), v)
             else:
                 old[k] = v
