@@ -231,7 +231,7 @@ def _via(proxy: FaultProxy, options: dict) -> dict:
     return dict(
         options,
         client_kwargs=dict(options["client_kwargs"], endpoint_url=proxy.url),
-        config_kwargs={"retries": {"max_attempts": 1}},
+        config_kwargs={"retries": {"total_max_attempts": 1}},  # no botocore retry at all
         skip_instance_cache=True,
     )
 
@@ -323,10 +323,11 @@ def test_a_throttled_index_build_is_retried_then_named_throttled(s3, fast_retrie
         every_get.fail = 4  # the listing and footers are throttled for a while
         comp = parquet_component(url, columns=["text"], storage_options=_via(every_get, options))
         assert len(comp) == sum(ROWS) and every_get.failed == 4
-        every_get.fail = 10**6  # a storm that outlasts the retries
+        every_get.fail, every_get.failed = 10**6, 0  # a storm that outlasts the retries
         with pytest.raises(StorageThrottled, match="throttled 6 attempts") as err:
             parquet_component(url, columns=["text"], storage_options=_via(every_get, options))
         assert "listing" in str(err.value) and "not a readable" not in str(err.value)
+        assert every_get.failed == storage_retry.ATTEMPTS  # ours: the client's are off
     finally:
         every_get.close()
     footers = FaultProxy(endpoint, fail=10**6)  # only the Parquet objects
