@@ -190,12 +190,18 @@ def test_a_deleted_or_appended_shard_is_named_and_data_changes_continue(tmp_path
         build().load_state_dict(state)
 
 
-def test_a_grown_list_is_a_data_change_not_a_mixture_change():
+@pytest.mark.parametrize("unit", ["documents", "tokens"])
+def test_a_grown_list_is_a_data_change_not_a_mixture_change(unit):
+    """Token shares over given lengths too: the lengths' digest moves with the rows."""
     docs = [{"text": f"d{i} " + "q" * (i % 40)} for i in range(90)]
 
     def build(rows, **more):
-        src = StaticMixtureWorkSource({"docs": rows, "more": docs[:30], **more}, chunk_size=8,
-                                      seed=3)  # fmt: skip
+        data = {"docs": rows, "more": docs[:30], **more}
+        lengths = {n: [len(r["text"]) for r in ds] for n, ds in data.items()}
+        src = StaticMixtureWorkSource(
+            data, chunk_size=8, seed=3, weights_unit=unit,
+            lengths=lengths if unit == "tokens" else None,
+        )  # fmt: skip
         return small_packed(Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=1))
 
     state = _checkpoint(build(docs))

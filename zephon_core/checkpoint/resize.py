@@ -47,15 +47,13 @@ def resized(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[
 
 
 def resize_lines(saved: Mapping[str, Any], current: Mapping[str, Any]) -> set[str]:
-    """The config-diff paths (``source.lengths[i]``) that a resized dataset explains."""
+    """The config-diff paths a resized dataset explains: its length and, when its
+    documents' token lengths are known, their digest (it changes with the rows)."""
     names = set(n for n, _, _ in resized(saved, current))
     a, b = saved.get("source") or {}, current.get("source") or {}
     old, new = list(a.get("names") or []), list(b.get("names") or [])
-    return {
-        f"source.lengths[{i}]"
-        for i, n in enumerate(new)
-        if n in names and i < len(old) and old[i] == n
-    }
+    same = [i for i, n in enumerate(new) if n in names and i < len(old) and old[i] == n]
+    return {f"source.{key}[{i}]" for i in same for key in ("lengths", "token_lengths")}
 
 
 def resized_refusal(
