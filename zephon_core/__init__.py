@@ -9,6 +9,7 @@ from .errors import (
     ConfigError,
     ContractViolation,
     CorruptCheckpoint,
+    CorruptData,
     IncompatibleCheckpoint,
     LifecycleError,
     MissingCheckpointState,
@@ -16,6 +17,7 @@ from .errors import (
     PipelineStalled,
     ReplayDivergence,
     SourceChanged,
+    StorageThrottled,
     TopologyError,
     UntrustedCheckpoint,
     ZephonError,
@@ -52,4 +54,6 @@ __all__ = [
     "UntrustedCheckpoint",
     "ReplayDivergence",
     "SourceChanged",
+    "CorruptData",
+    "StorageThrottled",
 ]

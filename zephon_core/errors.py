@@ -61,6 +61,18 @@ class SourceChanged(PipelineError):
     cannot stay the one its checkpoints describe. The message names the file."""
 
 
+class CorruptData(PipelineError):
+    """A data file's bytes failed their check twice, the second time read afresh from
+    storage: a Parquet page checksum, the row group's digest, or decoding. The file is
+    damaged where it is stored; the message names the file and row group."""
+
+
+class StorageThrottled(PipelineError):
+    """Object storage kept throttling (503 SlowDown, 429) after the capped retries: the
+    data may be fine, the store limited the request rate. The message names the file and
+    what to do."""
+
+
 class TopologyError(ZephonError, ValueError):
     """Lanes, ranks and workers do not fit together."""
 

@@ -183,6 +183,21 @@ def test_config_errors_name_the_fix():
         StaticMixtureWorkSource({"a": list(range(9))}, shuffle_block=3, shuffle_window=0)
 
 
+def test_empty_blocks_hold_nothing_and_falling_bounds_are_named():
+    """Empty row groups or shards (equal bounds) are skipped; bounds that fall are bad."""
+    src = StaticMixtureWorkSource(
+        {"a": Blocks([4, 0, 6, 0, 0, 5])}, chunk_size=3, seed=1, num_epochs=1,
+        shuffle_block="row_group",
+    )  # fmt: skip
+    lane = src.open_lane(0, 1, seed=2)
+    rows = [r for ch in iter(lane.next_chunk, None) for r in ch.rows]
+    assert sorted(rows) == list(range(15))
+    bad = Blocks([4, 6])
+    bad.bounds = np.array([0, 7, 4, 10])
+    with pytest.raises(ConfigError, match=r"block_bounds\(\) must rise from 0 to len \(10\)"):
+        StaticMixtureWorkSource({"a": bad}, shuffle_block="row_group")
+
+
 def test_describe_names_the_blocks_only_when_set():
     plain = StaticMixtureWorkSource({"a": list(range(9))}).describe()
     assert "shuffle_block" not in plain and "shuffle_window" not in plain

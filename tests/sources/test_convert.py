@@ -71,3 +71,23 @@ def test_the_zephon_convert_command(raw, tmp_path):
     assert [r["text"] for r in comp.__getitems__(list(range(len(comp))))] == [
         r["text"] for r in ROWS[:100] + ROWS[180:]
     ]
+
+
+def test_converted_shards_carry_page_checksums(raw, tmp_path):
+    """A byte flipped in a converted shard's page is found at its very first read."""
+    import pyarrow.parquet as pq
+
+    from zephon_core import ZephonError
+
+    out = tmp_path / "pq"
+    (path,) = jsonl_to_parquet(str(raw / "c.jsonl"), str(out), row_group_rows=32)
+    cc = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    start = min(cc.data_page_offset, cc.dictionary_page_offset or cc.data_page_offset)
+    data = bytearray(Path(path).read_bytes())
+    data[start + cc.total_compressed_size - 3] ^= 0x10  # in the chunk's last page
+    Path(path).write_bytes(bytes(data))
+    comp = parquet_component(str(out), columns=["text"])
+    with pytest.raises(ZephonError) as err:
+        comp.__getitems__(list(range(len(comp))))
+    assert type(err.value).__name__ == "CorruptData"
+    assert "CRC checksum verification failed" in str(err.value)

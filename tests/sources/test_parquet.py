@@ -167,10 +167,10 @@ def _through(proxy: FaultProxy, options: dict):
 
 
 def test_throttled_reads_are_retried_and_counted_and_nothing_changes(s3, monkeypatch):
-    from zephon_core.sources import parquet
+    from zephon_core.sources import storage_retry
 
     fs, options = s3
-    monkeypatch.setattr(parquet, "BACKOFF_S", 0.001)  # keep the test fast
+    monkeypatch.setattr(storage_retry, "BACKOFF_S", 0.001)  # keep the test fast
     proxy = FaultProxy(options["client_kwargs"]["endpoint_url"], fail=0)
     try:
         comp = _through(proxy, options)
@@ -191,17 +191,17 @@ def test_throttled_reads_are_retried_and_counted_and_nothing_changes(s3, monkeyp
 
 
 def test_a_read_that_keeps_failing_names_the_shard(s3, monkeypatch):
-    from zephon_core import PipelineError
-    from zephon_core.sources import parquet
+    from zephon_core import StorageThrottled
+    from zephon_core.sources import storage_retry
 
     fs, options = s3
-    monkeypatch.setattr(parquet, "BACKOFF_S", 0.001)
+    monkeypatch.setattr(storage_retry, "BACKOFF_S", 0.001)
     proxy = FaultProxy(options["client_kwargs"]["endpoint_url"], fail=0)
     try:
         comp = _through(proxy, options)
         proxy.fail = 10**6
-        with pytest.raises(PipelineError, match=r"part-00\d\.parquet failed 6 times"):
+        with pytest.raises(StorageThrottled, match=r"part-00\d\.parquet: the object store thr"):
             comp.__getitems__([0])
-        assert comp.io_stats()["retries"] == parquet.ATTEMPTS - 1
+        assert comp.io_stats()["retries"] == storage_retry.ATTEMPTS - 1
     finally:
         proxy.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .function_parts import is_code_part
+from .manifest import describe_change, differs, digest_of
 
 _MAX_NAMED = 6  # parts named per function in a message
 
@@ -36,8 +37,14 @@ def content_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[ContentChan
     out = []
     a, b = saved.get("components", {}), now.get("components", {})
     for name in sorted(set(a) & set(b)):
-        if a[name] != b[name]:
-            text = f"dataset {name!r} ({a[name]} in checkpoint, {b[name]} now)"
+        # a dataset's fingerprint may carry a manifest of its shards: it explains a
+        # change, only the digest decides one (manifest.py)
+        if differs(a[name], b[name]):
+            why = describe_change(a[name], b[name])
+            text = (
+                f"dataset {name!r} ({digest_of(a[name])} in checkpoint, "
+                f"{digest_of(b[name])} now{'; ' + why if why else ''})"
+            )
             out.append(ContentChange("data", name, text))
     a, b = saved.get("ops", {}), now.get("ops", {})
     for name in sorted(set(a) & set(b)):

@@ -39,6 +39,7 @@ from typing import Any
 from ..errors import ConfigError, IncompatibleCheckpoint
 from ..sources.chunk import WorkChunk
 from .fingerprint import config_diff
+from .resize import accept_resized, resize_lines, resized, resized_refusal
 from .state import LaneState, PipelineState, Prior
 
 log = logging.getLogger(__name__)
@@ -51,15 +52,28 @@ def mixture_only_diff(
     saved: Mapping[str, Any], current: Mapping[str, Any], source: Any, ops: Sequence[Any] = ()
 ):
     """(other differences, mixture differences, component differences) of two configs;
-    ``ops``: the operators of ``current`` (their ``mixture_keys`` are mixture too)."""
+    ``ops``: the operators of ``current`` (their ``mixture_keys`` are mixture too); a
+    dataset's changed length counts as "other" (see :func:`classify_diff`)."""
+    other, mix, comp, data = classify_diff(saved, current, source, ops)
+    return other + data, mix, comp
+
+
+def classify_diff(
+    saved: Mapping[str, Any], current: Mapping[str, Any], source: Any, ops: Sequence[Any] = ()
+):
+    """(other, mixture, component, data) differences of two configs: ``data`` holds the
+    length changes of datasets in both (their data changed: ``resize.py``)."""
     mix_keys = getattr(source, "MIXTURE_KEYS", frozenset())
     comp_keys = getattr(source, "COMPONENT_KEYS", frozenset())
-    other, mix, comp = [], [], []
+    data_paths = resize_lines(saved, current)
+    other, mix, comp, data = [], [], [], []
     for line in config_diff(saved, current):
         path = line.split(":", 1)[0]
         head = path.split(".")
         key = head[1].split("[", 1)[0] if len(head) > 1 and head[0] == "source" else None
-        if _op_mixture_key(head, current, ops):
+        if path in data_paths:
+            data.append(line)
+        elif _op_mixture_key(head, current, ops):
             mix.append(line)
         elif key in comp_keys:
             comp.append(line)
@@ -67,7 +81,7 @@ def mixture_only_diff(
             mix.append(line)
         else:
             other.append(line)
-    return other, mix, comp
+    return other, mix, comp, data
 
 
 def _op_mixture_key(head: list[str], current: Mapping[str, Any], ops: Sequence[Any]) -> bool:
@@ -99,7 +113,10 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
             removed dataset is still inflight, or the source cannot re-mix.
     """
     source = plan.source
-    other, mix, comp = mixture_only_diff(state.config, plan.config, source, plan.ops)
+    other, mix, comp, _ = classify_diff(state.config, plan.config, source, plan.ops)
+    changed = resized(state.config, plan.config)
+    if changed and "data" not in allowed:  # the root cause: the data, not the mixture
+        raise resized_refusal(changed, state.content, plan.content, other)
     refused = list(other)
     if comp and "components" not in allowed:
         refused += comp + ["(datasets were added or removed: allow_changes={'components'})"]
@@ -150,7 +167,10 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
         new_names,
         "; ".join((mix + comp)[:6]),
     )
-    return dataclasses.replace(state, fingerprint=plan.fingerprint, config=plan.config, lanes=lanes)
+    state = dataclasses.replace(state, lanes=lanes)
+    if changed:  # allow_changes has "data": datasets of other lengths continue too
+        state = accept_resized(state, plan)
+    return dataclasses.replace(state, fingerprint=plan.fingerprint, config=plan.config)
 
 
 def _old_op_targets(

@@ -39,7 +39,8 @@ from ..validate import is_int
 from .content_diff import content_changes, content_diff
 from .fingerprint import config_diff, fingerprint, without_legacy_keys
 from .provenance import version_note
-from .remix import REMIX_CHANGES, mixture_only_diff, remix
+from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
+from .resize import accept_resized, resized, resized_refusal
 from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 
 __all__ = ["ALLOWED_CHANGES", "admit", "content_changes"]
@@ -71,6 +72,10 @@ def admit(
     if legacy is not None:  # written before functions were identified by content alone
         parsed = dataclasses.replace(parsed, config=legacy, fingerprint=fingerprint(legacy))
     same_config = parsed.fingerprint == plan.fingerprint
+    changed = resized(parsed.config, plan.config)  # datasets of another length (resize.py)
+    if changed and "data" not in allowed:  # the root cause first: the data's length
+        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
+        raise resized_refusal(changed, parsed.content, plan.content, other + mix + comp)
     changed_fns = _check_content(
         parsed, plan, allowed, [] if same_config else config_diff(parsed.config, plan.config)
     )
@@ -78,6 +83,10 @@ def admit(
         for ls in parsed.lanes.values():
             check_chunk_digests(ls)  # the chunks as saved, before remix renumbers them
         parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
+    if changed and parsed.fingerprint != plan.fingerprint:  # allowed: "data" is in it
+        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
+        if not (other or mix or comp):
+            parsed = accept_resized(parsed, plan)
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source, plan.ops)
         diff = other + comp + mix

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ContractViolation, PipelineError, SourceChanged
+from ..errors import ContractViolation, CorruptData, PipelineError, SourceChanged, StorageThrottled
 from ..records import Record
 from .base import Operator, OpTraits
 
@@ -33,7 +33,7 @@ class FetchOp(Operator):
             wanted = [records[i].payload[1] for i in idxs]
             try:
                 rows = read(component, wanted)
-            except SourceChanged:
+            except (SourceChanged, CorruptData, StorageThrottled):
                 raise  # already typed, names its file
             except Exception as e:  # noqa: BLE001 - re-raised naming the dataset and row
                 raise self._failed(component, [records[i] for i in idxs], e) from e

@@ -68,12 +68,13 @@ def block_bounds(dataset: Any, n: int, block: int | str, name: str) -> np.ndarra
             or len(bounds) < 2
             or bounds[0] != 0
             or bounds[-1] != n
-            or np.any(np.diff(bounds) <= 0)
+            or np.any(np.diff(bounds) < 0)
         ):
             raise ConfigError(
-                f"dataset {name!r}: block_bounds() must rise strictly from 0 to len ({n})"
+                f"dataset {name!r}: block_bounds() must rise from 0 to len ({n}), got "
+                f"{bounds[:8].tolist()}{'...' if len(bounds) > 8 else ''}"
             )
-        return bounds
+        return np.unique(bounds)  # empty blocks (an empty row group or shard) hold no rows
     return np.append(np.arange(0, n, int(block), dtype=np.int64), np.int64(n))
 
 

@@ -6,7 +6,8 @@ or .gz stream cannot be entered in the middle unless it was written seekable, wh
 corpora rarely are). The same one pass can write Parquet instead, and then the reader has
 one path: row groups, column projection, columnar compression, the footer as the index,
 the block shuffle by row group. So JSONL is converted, shard for shard (``a.jsonl.zst``
--> ``a.parquet``), in bounded memory (a row group at a time).
+-> ``a.parquet``), in bounded memory (a row group at a time), with page checksums (CRC-32
+per page, verified on read: a damaged file is found even at its first read).
 
 Example::
 
@@ -132,6 +133,7 @@ def _write(pa: Any, pq: Any, writer: Any, sink: Any, rows: list[dict], path: str
             "shard or convert it on its own"
         ) from e
     if writer is None:
-        writer = pq.ParquetWriter(sink, table.schema)
+        # page checksums: a reader (ours verifies them) finds a damaged page of this file
+        writer = pq.ParquetWriter(sink, table.schema, write_page_checksum=True)
     writer.write_table(table, row_group_size=max(1, len(rows)))
     return writer

@@ -12,11 +12,11 @@ import contextlib
 import http.client
 import http.server
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["FaultProxy", "s3_server"]
+__all__ = ["FaultProxy", "parquet_gets", "s3_server"]
 
 
 @contextlib.contextmanager
@@ -53,11 +53,21 @@ def s3_server(bucket: str) -> Iterator[tuple[str, dict[str, Any]]]:
         server.stop()
 
 
+def parquet_gets(method: str, path: str) -> bool:
+    """GETs of Parquet objects (not listings, not the index): the default fault target."""
+    return method == "GET" and path.split("?")[0].endswith(".parquet")
+
+
 class FaultProxy:
-    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a
-    Parquet object with 503 SlowDown (S3's throttling reply), as a busy bucket does.
-    (botocore and s3fs retry throttling themselves; the tests turn those retries down so
-    the component's own retries, for what outlasts them, are what is exercised.)
+    """An HTTP proxy in front of the S3 server that answers the first ``fail`` requests
+    chosen by ``throttle`` (default: GETs of Parquet objects; ``lambda method, path:
+    method == "GET"`` adds listings) with 503 SlowDown (S3's throttling reply), as a busy
+    bucket does. (botocore and s3fs retry throttling themselves; the tests turn those
+    retries down so the component's own retries, for what outlasts them, are what is
+    exercised.)
+
+    ``flip``: the next ``flip`` ranged GETs of Parquet objects get one bit of their body
+    flipped (the middle byte), as a damaged transfer would; ``flipped`` counts them.
 
     It also counts what reaches the client: ``bytes_out`` (response bodies, injected
     errors included), ``gets`` and ``requests``; ``reset_counts()`` zeroes them. Point a
@@ -69,10 +79,17 @@ class FaultProxy:
         b"<Message>Please reduce your request rate.</Message></Error>"
     )
 
-    def __init__(self, target: str, fail: int = 0):
+    def __init__(
+        self,
+        target: str,
+        fail: int = 0,
+        throttle: Callable[[str, str], bool] = parquet_gets,
+        flip: int = 0,
+    ):
         up = urlparse(target)
         proxy = self
-        self.fail, self.failed = fail, 0
+        self.fail, self.failed, self.throttle = fail, 0, throttle
+        self.flip, self.flipped = flip, 0
         self.lock = threading.Lock()
         self.bytes_out = self.gets = self.requests = 0
 
@@ -84,7 +101,7 @@ class FaultProxy:
                 body = None
                 if "Content-Length" in self.headers:
                     body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.command == "GET" and self.path.split("?")[0].endswith(".parquet"):
+                if proxy.throttle(self.command, self.path):
                     with proxy.lock:
                         inject = proxy.failed < proxy.fail
                         proxy.failed += inject
@@ -101,6 +118,13 @@ class FaultProxy:
                 conn.request(self.command, self.path, body, headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                if resp.status == 206 and parquet_gets(self.command, self.path) and data:
+                    with proxy.lock:
+                        damage = proxy.flipped < proxy.flip
+                        proxy.flipped += damage
+                    if damage:
+                        mid = len(data) // 2
+                        data = data[:mid] + bytes([data[mid] ^ 0x10]) + data[mid + 1 :]
                 head = self.command == "HEAD"  # its Content-Length is the object's size
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
