@@ -94,21 +94,24 @@ def apply_faults(spec: dict, log: dict) -> None:
         aggregate.merge_reports = boom
 
     if "kill_after_state_write" in faults:  # SIGKILL right after this rank's state is stored
+        kill_round = spec.get("kill_round", 1)  # ... in this round (1: the first)
         for cls in (storage.DirStorage, storage.StoreStorage):
             orig_put = cls.put
 
-            def put(self, key, value, _orig=orig_put):
-                _orig(self, key, value)
+            def put(self, key, value, *args, _orig=orig_put):
+                _orig(self, key, value, *args)
                 if ".state." in key:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    log["states_written"] = log.get("states_written", 0) + 1
+                    if log["states_written"] == kill_round:
+                        os.kill(os.getpid(), signal.SIGKILL)
 
             cls.put = put
 
     if "signal_first_announce_poll" in faults:  # tell others once we looked for a round
         orig_get = storage.DirStorage.get
 
-        def get(self, key, _orig=orig_get):
-            value = _orig(self, key)
+        def get(self, key, *args, _orig=orig_get):
+            value = _orig(self, key, *args)
             if key == "announce" and not log.get("announce_polled"):
                 log["announce_polled"] = True
                 touch(sync / f"announce_polled.{spec['tag']}")
@@ -119,8 +122,8 @@ def apply_faults(spec: dict, log: dict) -> None:
     if "signal_announce_read" in faults:  # tell others once we know the round id
         orig_get2 = storage.DirStorage.get
 
-        def get2(self, key, _orig=orig_get2):
-            value = _orig(self, key)
+        def get2(self, key, *args, _orig=orig_get2):
+            value = _orig(self, key, *args)
             if key == "announce" and value is not None and not log.get("announce_read"):
                 log["announce_read"] = True
                 touch(sync / f"announce_read.{spec['tag']}")
@@ -157,9 +160,9 @@ def apply_faults(spec: dict, log: dict) -> None:
     for cls in (storage.DirStorage, storage.StoreStorage):
         orig = cls.put
 
-        def put_logged(self, key, value, _orig=orig):
+        def put_logged(self, key, value, *args, _orig=orig):
             log.setdefault("put_keys", []).append(key)
-            _orig(self, key, value)
+            _orig(self, key, value, *args)
 
         cls.put = put_logged
 

@@ -637,21 +637,36 @@ def test_follower_killed_mid_round_then_a_replacement_completes_the_next_round(t
 def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path):
     timeout, world = 4.0, 2
     agg = tmp_path / "agg"
-    # the leader dies right after writing its own state: the follower must give up with a
-    # clear AggregationError within its budget
-    ranks = fault_ranks(
-        tmp_path,
-        world,
-        timeout,
-        agg_dir=agg,
-        name="crash",
-        per_rank={0: dict(faults=["kill_after_state_write"])},
-    )
+    # the leader completes a round, then dies in the next one right after writing its own
+    # state: the follower must give up with a clear AggregationError within its budget
+    ranks = Ranks(tmp_path, "crash")
+    tags = ["r0", "r1"]
+    for r in range(world):
+        ranks.add(
+            f"r{r}",
+            r,
+            world,
+            backend="dir",
+            agg_dir=str(agg),
+            timeout=timeout,
+            bind=dict(rank=r, world_size=world),
+            **(dict(faults=["kill_after_state_write"], kill_round=2) if r == 0 else {}),
+            rounds=[
+                dict(take=K1, barrier="b1", barrier_tags=tags),
+                dict(take=K2, barrier="b2", barrier_tags=tags),
+            ],
+        )
     logs = ranks.logs(ranks.run(), killed=("r0",))
-    fol = logs["r1"]["rounds"][0]
+    assert_ok(logs["r1"]["rounds"][0], "follower, the round before the leader died")
+    fol = logs["r1"]["rounds"][1]
     assert_failed(fol, "AggregationError", "follower of the killed leader")
     assert timeout - 0.25 <= fol["elapsed"] <= timeout + SLACK_S, fol["elapsed"]
-    assert_files_complete(dir_files(agg), "after the leader was killed")
+    assert "still open" in fol["error"] and "rank 0 died" in fol["error"], fol["error"]
+    left = dir_files(agg)
+    assert_files_complete(left, "after the leader was killed")
+    assert [n for n in left if n.endswith(".merged")] and [n for n in left if ".state.0" in n], (
+        f"the killed leader should have left its last merged marker and its state: {left}"
+    )
 
     # restart both ranks on the same directory; the follower looks for a round before
     # the new leader announces one (what a restart usually looks like)
@@ -688,4 +703,7 @@ def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path)
         )
     left = dir_files(agg)
     assert_files_complete(left, "after the restarted ranks shut down")
-    assert not [n for n in left if n.endswith(".merged") or n == "announce"], sorted(left)
+    assert not left, (
+        "a later successful job must remove what the killed leader left (its round's "
+        f"states, its merged marker): {sorted(left)}"
+    )

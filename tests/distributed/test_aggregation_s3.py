@@ -76,3 +76,5 @@ def test_leader_killed_mid_round_on_s3_then_restarted_ranks_complete(tmp_path, s
     ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=agg, name="restart")
     ranks.env = env
     _all_ranks_merged(ranks.logs(ranks.run()), world, "restarted:")
+    left = _files(fs, "killed")
+    assert not left, f"the restarted job must remove the killed round's files: {sorted(left)}"

@@ -13,26 +13,49 @@ Leader (global rank 0)                        Followers
   delete own state                            delete own state, write "<id>.ack.<rank>"
   wait for every ack, delete the acks and the previous round's merged result
 
-``aggregate_timeout_s`` is one budget for the whole round. A leader that fails
-before publishing publishes a failure notice under the merged key instead, so
-followers fail at once. The merged result stays as the marker that the round
-closed until the next round is acknowledged or the pipeline shuts down.
+``aggregate_timeout_s`` is one budget for the whole round, storage calls included
+(object-store calls are cut at the deadline, retries and all). A leader that fails
+after announcing -- a missing rank, a bad report, a write that fails or does not finish
+-- publishes a failure notice under the merged key instead, so followers fail at once;
+on a full disk, where the notice's text does not fit, an empty merged file is the
+notice. The merged result stays as the marker that the round closed until the next
+round is acknowledged or the pipeline shuts down. A fully acknowledged round also
+removes what earlier rounds left behind (a leader killed mid-round leaves its states and
+merged marker; a killed writer its temporary file): nobody else is inside a round then.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
+import re
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..checkpoint import codec
 from ..checkpoint.state import PipelineState
 from ..errors import CorruptCheckpoint, ZephonError
 from .merge import RankReport, check_report, expected_lanes, merge_reports
-from .storage import MAX_BACKOFF_S, open_storage
+from .storage import MAX_BACKOFF_S, StorageTimeout, open_storage
 from .topology import Topology
+
+log = logging.getLogger(__name__)
 
 FAILED = b"ZEPHON-ROUND-FAILED\n"
 ROUND_SLICE_S = 1.0  # a follower re-reads the announcement at least this often
+NOTICE_GRACE_S = 1.0  # a failure notice may still go out this long after the deadline
+# every name the protocol writes (and the temporary names of directory writes)
+PROTOCOL_FILE = re.compile(
+    r"(\.tmp-[0-9a-f]{32}-)?(announce|\d+-[0-9a-f]{12}\.(merged|state\.\d+|ack\.\d+))"
+)
+
+
+def is_notice(data: bytes) -> bool:
+    """A failure notice: its text, or an empty merged file (a full disk took no text)."""
+    return not data or data.startswith(FAILED)
 
 
 class AggregationError(ZephonError, RuntimeError):
@@ -74,43 +97,70 @@ class Aggregator:
         s, world = self.storage, self.topology.world_size
         # the id starts with the global position so followers join only their own step
         rid = f"{local.position}-{uuid.uuid4().hex[:12]}"
-        s.put("announce", rid.encode())
-        s.put(f"{rid}.state.0", report)
+        with self._io("announce the round", "announce"):  # nothing announced: no notice
+            s.put("announce", rid.encode(), deadline)
         try:
+            with self._io("write its report", f"{rid}.state.0"):
+                s.put(f"{rid}.state.0", report, deadline)
             reports = {0: _decode_report(report)}
             check_report(reports[0], self.num_lanes)
             for rank in range(1, world):
-                data = s.wait(f"{rid}.state.{rank}", deadline)
+                with self._io("read the reports", f"{rid}.state.{rank}"):
+                    data = s.wait(f"{rid}.state.{rank}", deadline)
                 if data is None:
                     missing = [r for r in range(world) if r not in reports]
                     raise AggregationError(self._missing_message(rid, missing, reports))
                 rep = _decode_report(data)
                 check_report(rep, self.num_lanes)
                 reports[rank] = rep
-            s.delete("announce")  # close the round
+            with self._io("close the round", "announce"):
+                s.delete("announce", deadline)
             merged = merge_reports([reports[r] for r in sorted(reports)], self.num_lanes)
+            with self._io("publish the merged state", f"{rid}.merged"):
+                s.put(f"{rid}.merged", codec.encode(merged.to_dict()), deadline)
         except BaseException as e:
-            # The notice goes out before anything else, and the announcement stays, so
-            # followers -- also late ones -- find it at once; the next round replaces it.
-            s.put(f"{rid}.merged", FAILED + f"{type(e).__name__}: {e}".encode())
-            self.markers.append((rid, time.monotonic()))
-            self._cleanup(rid, states=True, acks=False)
+            self._publish_failure(rid, e, deadline)
             raise
-        s.put(f"{rid}.merged", codec.encode(merged.to_dict()))
         self.markers.append((rid, None))
-        s.delete(f"{rid}.state.0")
-        missing = [r for r in range(1, world) if s.wait(f"{rid}.ack.{r}", deadline) is None]
-        self._cleanup(rid, states=bool(missing), acks=True)
+        self._best_effort(s.delete, f"{rid}.state.0", deadline)
+        with self._io("read the acknowledgements", f"{rid}.ack.*"):
+            missing = [r for r in range(1, world) if s.wait(f"{rid}.ack.{r}", deadline) is None]
+        self._cleanup(rid, states=bool(missing), acks=True, deadline=deadline)
         if missing:
             raise AggregationError(
                 f"aggregation round {rid}: ranks {missing} did not acknowledge the merged "
                 f"state within aggregate_timeout_s={self.timeout_s}; the merged result stays "
                 "for them until the next acknowledged round"
             )
-        for old, _ in self.markers[:-1]:  # fully acknowledged: older markers can go
-            s.delete(f"{old}.merged")
+        self._sweep(rid, deadline)
         self.markers = [(rid, None)]
         return merged
+
+    def _publish_failure(self, rid: str, error: BaseException, deadline: float) -> None:
+        """The failure notice goes out before anything else, and the announcement stays, so
+        followers -- also late ones -- find it at once; the next round replaces it. When its
+        text cannot be written (a full disk), an empty merged file says the same."""
+        s = self.storage
+        until = max(deadline, time.monotonic()) + NOTICE_GRACE_S
+        notice = FAILED + f"{type(error).__name__}: {error}".encode()
+        reason: OSError | None = None
+        for body in (notice, b""):
+            try:
+                s.put(f"{rid}.merged", body, until)
+                break
+            except OSError as e:
+                reason = e
+        else:
+            log.warning(
+                "zephon: the failure notice of aggregation round %s could not be written "
+                "to %s (%s: %s); the other ranks wait out aggregate_timeout_s",
+                rid,
+                s.url,
+                type(reason).__name__,
+                reason,
+            )
+        self.markers.append((rid, time.monotonic()))
+        self._cleanup(rid, states=True, acks=False, deadline=until)
 
     def _follow(self, report: bytes, position: int, deadline: float) -> PipelineState:
         """Join the round the leader announced.
@@ -122,60 +172,128 @@ class Aggregator:
         """
         s, rank = self.storage, self.topology.rank
         rid: str | None = None
+        closed = False  # the announcement of our round is gone: the leader had every report
+        slow = False  # one of this rank's own storage calls ran into the deadline
         delay = 0.005
-        while True:
-            ann = s.get("announce")
-            current = ann.decode() if ann is not None else None
-            if current is not None and current != rid:
-                concluded = s.get(f"{current}.merged")
-                if concluded is None:
-                    if rid is not None:
-                        s.delete(f"{rid}.state.{rank}")
-                    rid = current
-                    s.put(f"{rid}.state.{rank}", report)
-                elif concluded.startswith(FAILED) and current.startswith(f"{position}-"):
-                    raise self._failed(current, concluded)
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if rid is None:
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, MAX_BACKOFF_S)
-                continue
-            data = s.wait(f"{rid}.merged", min(deadline, now + ROUND_SLICE_S))
-            if data is None:
-                continue
-            if data.startswith(FAILED):
-                newer = s.get("announce")
-                if (
-                    newer is not None
-                    and newer.decode() != rid
-                    and s.get(f"{newer.decode()}.merged") is None
-                ):
-                    continue  # a restarted leader opened a new round
-                s.delete(f"{rid}.state.{rank}")
-                raise self._failed(rid, data)
-            merged = PipelineState.from_dict(codec.decode(data))
-            s.delete(f"{rid}.state.{rank}")
-            s.put(f"{rid}.ack.{rank}", b"1")
-            return merged
+        try:
+            while True:
+                ann = s.get("announce", deadline)
+                current = ann.decode() if ann is not None else None
+                closed = rid is not None and current is None
+                if current is not None and current != rid:
+                    concluded = s.get(f"{current}.merged", deadline)
+                    if concluded is None:
+                        if rid is not None:
+                            s.delete(f"{rid}.state.{rank}", deadline)
+                        rid = current
+                        s.put(f"{rid}.state.{rank}", report, deadline)
+                    elif is_notice(concluded) and current.startswith(f"{position}-"):
+                        raise self._failed(current, concluded)
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                if rid is None:
+                    time.sleep(min(delay, deadline - now))
+                    delay = min(delay * 2, MAX_BACKOFF_S)
+                    continue
+                data = s.wait(f"{rid}.merged", min(deadline, now + ROUND_SLICE_S))
+                if data is None:
+                    continue
+                if is_notice(data):
+                    newer = s.get("announce", deadline)
+                    if (
+                        newer is not None
+                        and newer.decode() != rid
+                        and s.get(f"{newer.decode()}.merged", deadline) is None
+                    ):
+                        continue  # a restarted leader opened a new round
+                    self._best_effort(s.delete, f"{rid}.state.{rank}", deadline)
+                    raise self._failed(rid, data)
+                merged = PipelineState.from_dict(codec.decode(data))
+                self._best_effort(s.delete, f"{rid}.state.{rank}", deadline)
+                with self._io("acknowledge the merged state", f"{rid}.ack.{rank}"):
+                    s.put(f"{rid}.ack.{rank}", b"1", deadline)
+                return merged
+        except StorageTimeout:
+            slow = True  # the deadline passed inside a call: what this rank knows follows
+        except OSError as e:
+            raise self._storage_failed("take part in the round", "announce", e) from e
+        if rid is not None:
+            self._best_effort(s.delete, f"{rid}.state.{rank}", deadline + NOTICE_GRACE_S)
+        raise AggregationError(self._follower_timeout(rid, closed, slow))
+
+    def _follower_timeout(self, rid: str | None, closed: bool, slow: bool) -> str:
+        """What a follower knows when the budget ran out."""
+        rank, budget, where = self.topology.rank, self.timeout_s, self.storage.url
         if rid is None:
-            raise AggregationError(
+            msg = (
                 f"rank {rank}: the leader (rank 0) did not announce an aggregation round "
-                f"within aggregate_timeout_s={self.timeout_s}; is rank 0 calling "
-                "checkpoint() at the same step?"
+                f"within aggregate_timeout_s={budget}: rank 0 is not calling checkpoint() at "
+                f"the same step, or its writes to {where} fail or do not finish (storage "
+                "slow, throttled or full; see rank 0's error)"
             )
-        s.delete(f"{rid}.state.{rank}")
-        raise AggregationError(
-            f"rank {rank}: no merged state for round {rid} within "
-            f"aggregate_timeout_s={self.timeout_s}"
-        )
+        elif closed:
+            msg = (
+                f"rank {rank}: rank 0 announced round {rid} and closed it (every rank had "
+                f"reported) but published no merged state within aggregate_timeout_s="
+                f"{budget}: its writes to {where} fail or do not finish (storage slow or "
+                "throttled, e.g. S3 SlowDown, or full), or rank 0 died; see rank 0's error"
+            )
+        else:
+            msg = (
+                f"rank {rank}: round {rid}, announced by rank 0, was still open after "
+                f"aggregate_timeout_s={budget} (this rank had reported): rank 0 is waiting "
+                "for another rank's report (its error names the rank), its storage calls "
+                f"to {where} are slow or throttled, or rank 0 died"
+            )
+        if slow:
+            msg += "; this rank's own storage calls ran into the deadline too (slow storage?)"
+        return msg
 
     def _failed(self, rid: str, notice: bytes) -> AggregationError:
+        if notice:
+            why = notice[len(FAILED) :].decode(errors="replace")
+        else:
+            why = (
+                "it could not write why (an empty failure notice: its storage is full or "
+                "failing; see rank 0's error)"
+            )
         return AggregationError(
-            f"rank {self.topology.rank}: the leader failed aggregation "
-            f"round {rid}: " + notice[len(FAILED) :].decode(errors="replace")
+            f"rank {self.topology.rank}: the leader failed aggregation round {rid}: {why}"
         )
+
+    @contextlib.contextmanager
+    def _io(self, what: str, key: str) -> Iterator[None]:
+        """Storage failures inside the block become an AggregationError saying what failed."""
+        try:
+            yield
+        except OSError as e:
+            raise self._storage_failed(what, key, e) from e
+
+    def _storage_failed(self, what: str, key: str, e: OSError) -> AggregationError:
+        if isinstance(e, StorageTimeout):
+            fix = (
+                f"within aggregate_timeout_s={self.timeout_s}: the coordination storage is "
+                "slow or throttling requests (S3 SlowDown?); raise aggregate_timeout_s or "
+                "use a less loaded bucket or prefix"
+            )
+        elif e.errno == errno.ENOSPC:
+            fix = "the coordination storage is full: free space there"
+        else:
+            fix = "every rank must be able to read and write aggregate_dir"
+        return AggregationError(
+            f"rank {self.topology.rank} could not {what} ({key!r} in {self.storage.url}; "
+            f"{type(e).__name__}: {e}): {fix}"
+        )
+
+    @staticmethod
+    def _best_effort(call: Callable[..., Any], *args: Any) -> None:
+        """A clean-up call whose failure must not hide the round's outcome (the next
+        acknowledged round sweeps what it leaves)."""
+        try:
+            call(*args)
+        except OSError as e:
+            log.debug("zephon: aggregation clean-up %s%s failed: %s", call.__name__, args, e)
 
     # -- helpers --------------------------------------------------------------------
     def _missing_message(self, rid: str, missing: list[int], reports: dict) -> str:
@@ -203,12 +321,30 @@ class Aggregator:
             "the same step."
         )
 
-    def _cleanup(self, rid: str, *, states: bool, acks: bool) -> None:
+    def _cleanup(self, rid: str, *, states: bool, acks: bool, deadline: float) -> None:
         for r in range(self.topology.world_size):
             if states:
-                self.storage.delete(f"{rid}.state.{r}")
+                self._best_effort(self.storage.delete, f"{rid}.state.{r}", deadline)
             if acks and r:
-                self.storage.delete(f"{rid}.ack.{r}")
+                self._best_effort(self.storage.delete, f"{rid}.ack.{r}", deadline)
+
+    def _sweep(self, rid: str, deadline: float) -> None:
+        """After a fully acknowledged round every rank is out of it, so every protocol
+        file but this round's merged marker is a leftover: of this leader's earlier rounds,
+        or of a leader or writer killed mid-round in an earlier job. (A torch Store cannot
+        list its keys: there only the markers this leader knows go.)"""
+        s = self.storage
+        try:
+            names = s.keys(deadline)
+        except OSError as e:
+            log.debug("zephon: listing %s for leftovers failed: %s", s.url, e)
+            names = None
+        if names is None:
+            stale = [f"{old}.merged" for old, _ in self.markers if old != rid]
+        else:
+            stale = [n for n in names if n != f"{rid}.merged" and PROTOCOL_FILE.fullmatch(n)]
+        for name in stale:
+            self._best_effort(s.delete, name, deadline)
 
     def close(self) -> None:
         """Shutdown: the leader removes the merged markers it left. A failure notice stays
@@ -220,7 +356,7 @@ class Aggregator:
             if failed_at is not None and now - failed_at < self.timeout_s:
                 keep.append((rid, failed_at))
             else:
-                self.storage.delete(f"{rid}.merged")
+                self._best_effort(self.storage.delete, f"{rid}.merged", now + self.timeout_s)
         self.markers = keep
 
 
