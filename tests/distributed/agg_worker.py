@@ -167,6 +167,42 @@ def apply_faults(spec: dict, log: dict) -> None:
         cls.put = put_logged
 
 
+def install_disk_full_standin(capacity: int) -> None:
+    """A ``diskfull://`` file system: the local one, whose writes fail with ENOSPC once
+    the directory's files would take more than ``capacity`` bytes in 4 KiB pages, as on a
+    tmpfs of that size. Only a stand-in for the disk where no tiny tmpfs can be mounted
+    (``test_aggregation_disk_full.py`` says which one ran): what is tested is Zephon's
+    handling of ENOSPC, not the file system."""
+    import errno
+    import math
+
+    import fsspec
+    from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
+
+    page = 4096
+
+    class Capped(LocalFileOpener):
+        def write(self, data):
+            d = os.path.dirname(self.path)
+            used = sum(
+                math.ceil(os.path.getsize(os.path.join(d, n)) / page)
+                for n in os.listdir(d)
+                if os.path.join(d, n) != self.path
+            )
+            if (used + math.ceil((self.f.tell() + len(data)) / page)) * page > capacity:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+            return super().write(data)
+
+    class DiskFull(LocalFileSystem):
+        protocol = "diskfull"
+
+        def _open(self, path, mode="rb", block_size=None, **kwargs):
+            path = self._strip_protocol(path)
+            return Capped(path, mode, fs=self, **kwargs)
+
+    fsspec.register_implementation("diskfull", DiskFull, clobber=True)
+
+
 # -- storage inspection ---------------------------------------------------------------
 def _store(store):
     if store is not None:
@@ -197,6 +233,7 @@ def store_live_keys(store, rids, world: int) -> list[str]:
 def dir_snapshot(d) -> dict[str, bytes]:
     """Every file of the coordination directory with its bytes (they are small)."""
     snap = {}
+    d = str(d).removeprefix("diskfull://")  # the stand-in for a full disk is a local dir
     if not os.path.isdir(d):  # nobody opened the storage yet
         return snap
     for name in sorted(os.listdir(d)):
@@ -248,6 +285,16 @@ def main(spec_path: str) -> None:
             raise ValueError(backend)
 
         apply_faults(spec, log)
+        if spec.get("disk_capacity") is not None:
+            install_disk_full_standin(spec["disk_capacity"])
+        if "://" in str(spec.get("agg_dir", "")):
+            # connect before the timed rounds: the first use of an object store client
+            # (loading botocore's models) takes seconds on a loaded machine, outside any
+            # round; fsspec hands the aggregation the same cached file system
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(spec["agg_dir"])
+            fs.exists(root)
         pipe = build(**kwargs)
         if spec.get("bind"):
             pipe = pipe.bind(**spec["bind"])

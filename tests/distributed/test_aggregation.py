@@ -26,7 +26,7 @@ from helpers import reference_pipeline, worker_env
 
 from zephon_core.checkpoint import codec
 from zephon_core.checkpoint.state import PipelineState
-from zephon_core.distributed.aggregate import FAILED, report_from_dict
+from zephon_core.distributed.aggregate import is_notice, report_from_dict
 from zephon_core.testing import first_difference, take
 
 WORKER = Path(__file__).resolve().with_name("agg_worker.py")
@@ -54,6 +54,7 @@ class Ranks:
         self.sync.mkdir(exist_ok=True)
         self.specs: dict[str, dict] = {}
         self.env: dict[str, str] = {}  # extra environment of the rank processes
+        self.prefix: list[str] = []  # a command that runs each rank (e.g. nsenter ...)
 
     def add(self, tag: str, rank: int, world: int, *, rounds: list[dict], **spec) -> None:
         self.specs[tag] = dict(
@@ -75,7 +76,7 @@ class Ranks:
                 path = self.dir / f"{tag}.json"
                 path.write_text(json.dumps(spec))
                 procs[tag] = subprocess.Popen(
-                    [sys.executable, str(WORKER), str(path)],
+                    [*self.prefix, sys.executable, str(WORKER), str(path)],
                     env=env,
                     stdout=open(self.dir / f"{tag}.stdout", "wb"),
                     stderr=open(self.dir / f"{tag}.stderr", "wb"),
@@ -173,10 +174,10 @@ def assert_files_complete(files: dict[str, bytes], where: str) -> None:
         assert ".tmp" not in name and not name.startswith("."), (
             f"{where}: temporary file {name!r} left in the coordination directory"
         )
-        if name == "announce":
-            assert data.decode(), f"{where}: empty announcement"
+        if name == "announce":  # a round id, or empty: a leader that could not write one
+            assert not data or re.fullmatch(r"\d+-[0-9a-f]{12}", data.decode()), data
         elif name.endswith(".merged"):
-            if not data.startswith(FAILED):
+            if not is_notice(data):
                 PipelineState.from_dict(codec.decode(data))
         elif ".state." in name:
             report_from_dict(codec.decode(data))

@@ -71,6 +71,8 @@ class Aggregator:
         # leader: rounds whose merged result (or failure notice) is still stored, with the
         # time a failure notice went out (None for a merged result)
         self.markers: list[tuple[str, float | None]] = []
+        # leader: when it left an empty announcement (a notice, kept like one by close())
+        self.empty_announce_at: float | None = None
 
     @classmethod
     def create(
@@ -97,8 +99,15 @@ class Aggregator:
         s, world = self.storage, self.topology.world_size
         # the id starts with the global position so followers join only their own step
         rid = f"{local.position}-{uuid.uuid4().hex[:12]}"
-        with self._io("announce the round", "announce"):  # nothing announced: no notice
+        try:
             s.put("announce", rid.encode(), deadline)
+        except OSError as e:
+            # No round to fail: an empty announcement (a full disk still takes an empty
+            # file) tells the followers already waiting; see _follow
+            self._best_effort(s.put, "announce", b"", deadline + NOTICE_GRACE_S)
+            self.empty_announce_at = time.monotonic()
+            raise self._storage_failed("announce the round", "announce", e) from e
+        self.empty_announce_at = None  # replaced
         try:
             with self._io("write its report", f"{rid}.state.0"):
                 s.put(f"{rid}.state.0", report, deadline)
@@ -169,16 +178,27 @@ class Aggregator:
         supersedes one whose leader died. A round that already concluded when this rank
         arrives counts only if it failed at this rank's own step (a late follower gets the
         notice at once); otherwise it is a leftover of an earlier step and is ignored.
+        An announcement that turns empty while this rank waits is a leader that could not
+        write the round id (an empty one found on arrival may be a leftover: ignored).
         """
         s, rank = self.storage, self.topology.rank
         rid: str | None = None
         closed = False  # the announcement of our round is gone: the leader had every report
         slow = False  # one of this rank's own storage calls ran into the deadline
+        first: bytes | None = None  # the announcement as this rank found it
+        reads = 0
         delay = 0.005
         try:
             while True:
                 ann = s.get("announce", deadline)
-                current = ann.decode() if ann is not None else None
+                first, reads = (ann if reads == 0 else first), reads + 1
+                if ann == b"" and first != b"":
+                    raise AggregationError(
+                        f"rank {rank}: rank 0 could not announce the aggregation round (it "
+                        f"left an empty announcement: its writes to {s.url} fail, e.g. on a "
+                        "full disk); see rank 0's error"
+                    )
+                current = ann.decode() if ann else None
                 closed = rid is not None and current is None
                 if current is not None and current != rid:
                     concluded = s.get(f"{current}.merged", deadline)
@@ -220,9 +240,9 @@ class Aggregator:
             raise self._storage_failed("take part in the round", "announce", e) from e
         if rid is not None:
             self._best_effort(s.delete, f"{rid}.state.{rank}", deadline + NOTICE_GRACE_S)
-        raise AggregationError(self._follower_timeout(rid, closed, slow))
+        raise AggregationError(self._follower_timeout(rid, closed, slow, first == b""))
 
-    def _follower_timeout(self, rid: str | None, closed: bool, slow: bool) -> str:
+    def _follower_timeout(self, rid: str | None, closed: bool, slow: bool, empty: bool) -> str:
         """What a follower knows when the budget ran out."""
         rank, budget, where = self.topology.rank, self.timeout_s, self.storage.url
         if rid is None:
@@ -232,6 +252,11 @@ class Aggregator:
                 f"the same step, or its writes to {where} fail or do not finish (storage "
                 "slow, throttled or full; see rank 0's error)"
             )
+            if empty:
+                msg += (
+                    "; the announcement was empty, as a leader that could not write the "
+                    "round id leaves it (now or in an earlier round)"
+                )
         elif closed:
             msg = (
                 f"rank {rank}: rank 0 announced round {rid} and closed it (every rank had "
@@ -347,11 +372,16 @@ class Aggregator:
             self._best_effort(s.delete, name, deadline)
 
     def close(self) -> None:
-        """Shutdown: the leader removes the merged markers it left. A failure notice stays
-        until its round's budget has passed, so followers still waiting get it."""
+        """Shutdown: the leader removes the merged markers it left. A failure notice (and an
+        empty announcement) stays until its round's budget has passed, so followers still
+        waiting get it; the next acknowledged round sweeps it."""
         if self.topology.rank != 0:
             return
         now, keep = time.monotonic(), []
+        notice_at = self.empty_announce_at
+        if notice_at is not None and now - notice_at >= self.timeout_s:
+            self._best_effort(self.storage.delete, "announce", now + self.timeout_s)
+            self.empty_announce_at = None
         for rid, failed_at in self.markers:
             if failed_at is not None and now - failed_at < self.timeout_s:
                 keep.append((rid, failed_at))

@@ -58,6 +58,8 @@ class FaultProxy:
     Parquet object with 503 SlowDown (S3's throttling reply), as a busy bucket does.
     (botocore and s3fs retry throttling themselves; the tests turn those retries down so
     the component's own retries, for what outlasts them, are what is exercised.)
+    ``method`` and ``suffix`` choose other requests to throttle, e.g. ``("PUT",
+    ".merged")`` for a PUT storm on an aggregation round's result.
 
     It also counts what reaches the client: ``bytes_out`` (response bodies, injected
     errors included), ``gets`` and ``requests``; ``reset_counts()`` zeroes them. Point a
@@ -69,10 +71,11 @@ class FaultProxy:
         b"<Message>Please reduce your request rate.</Message></Error>"
     )
 
-    def __init__(self, target: str, fail: int = 0):
+    def __init__(self, target: str, fail: int = 0, method: str = "GET", suffix: str = ".parquet"):
         up = urlparse(target)
         proxy = self
         self.fail, self.failed = fail, 0
+        self.method, self.suffix = method, suffix
         self.lock = threading.Lock()
         self.bytes_out = self.gets = self.requests = 0
 
@@ -84,7 +87,8 @@ class FaultProxy:
                 body = None
                 if "Content-Length" in self.headers:
                     body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.command == "GET" and self.path.split("?")[0].endswith(".parquet"):
+                path = self.path.split("?")[0]
+                if self.command == proxy.method and path.endswith(proxy.suffix):
                     with proxy.lock:
                         inject = proxy.failed < proxy.fail
                         proxy.failed += inject
