@@ -65,8 +65,12 @@ class Pump:
         self._error: BaseException | None = None
         self._working: int | None = None  # the lane the pump thread is advancing
         self._thread = threading.Thread(target=self._run, name="zephon-pump", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread. Separate from construction so that the owner holds the pump
+        before its thread runs: a Ctrl-C landing in between leaves no thread unknown."""
+        _live.add(self)  # before the thread exists: the exit hook must always know it
         self._thread.start()
-        _live.add(self)
 
     def _pick(self) -> int | None:
         order, n = self._order, len(self._order)
@@ -158,7 +162,8 @@ class Pump:
             # here, it would keep a failed iterator (and its finalizer) from being collected
             self._error = None
             self._cond.notify_all()
-        if self._thread is not threading.current_thread():
+        started = self._thread.ident is not None
+        if started and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self._thread.is_alive():
             return False  # still inside a step: the exit hook waits for it again

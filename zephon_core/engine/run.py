@@ -115,6 +115,7 @@ class PipelineRun:
                     lambda: self.turn,
                     self.plan.stall_timeout_s,
                 )
+                self.pump.start()
             return self.pump.take(lane)
         return next(self.streams[lane].outputs)
 
