@@ -11,7 +11,7 @@ Leader (global rank 0)                        Followers
   close the round (delete "announce")
   merge, publish "<id>.merged"                wait for "<id>.merged", read it
   delete own state                            delete own state, write "<id>.ack.<rank>"
-  wait for every ack, delete the acks and the previous round's merged result
+  wait for every ack, delete the acks and every leftover of earlier rounds
 
 ``aggregate_timeout_s`` is one budget for the whole round, storage calls included
 (object-store calls are cut at the deadline, retries and all). A leader that fails
@@ -22,12 +22,13 @@ notice. The merged result stays as the marker that the round closed until the ne
 round is acknowledged or the pipeline shuts down. A fully acknowledged round also
 removes what earlier rounds left behind (a leader killed mid-round leaves its states and
 merged marker; a killed writer its temporary file): nobody else is inside a round then.
+A leader that cannot even write the announcement leaves it empty, which followers
+already waiting take as its failure. Messages: ``round_messages.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import re
 import time
@@ -38,24 +39,27 @@ from typing import Any
 from ..checkpoint import codec
 from ..checkpoint.state import PipelineState
 from ..errors import CorruptCheckpoint, ZephonError
-from .merge import RankReport, check_report, expected_lanes, merge_reports
+from .merge import RankReport, check_report, merge_reports
+from .round_messages import (
+    FAILED,
+    empty_announcement,
+    follower_timeout,
+    is_notice,
+    leader_failed,
+    missing_ranks,
+    storage_failed,
+)
 from .storage import MAX_BACKOFF_S, StorageTimeout, open_storage
 from .topology import Topology
 
 log = logging.getLogger(__name__)
 
-FAILED = b"ZEPHON-ROUND-FAILED\n"
 ROUND_SLICE_S = 1.0  # a follower re-reads the announcement at least this often
 NOTICE_GRACE_S = 1.0  # a failure notice may still go out this long after the deadline
 # every name the protocol writes (and the temporary names of directory writes)
 PROTOCOL_FILE = re.compile(
     r"(\.tmp-[0-9a-f]{32}-)?(announce|\d+-[0-9a-f]{12}\.(merged|state\.\d+|ack\.\d+))"
 )
-
-
-def is_notice(data: bytes) -> bool:
-    """A failure notice: its text, or an empty merged file (a full disk took no text)."""
-    return not data or data.startswith(FAILED)
 
 
 class AggregationError(ZephonError, RuntimeError):
@@ -118,7 +122,9 @@ class Aggregator:
                     data = s.wait(f"{rid}.state.{rank}", deadline)
                 if data is None:
                     missing = [r for r in range(world) if r not in reports]
-                    raise AggregationError(self._missing_message(rid, missing, reports))
+                    topo, budget = self.topology, self.timeout_s
+                    why = missing_ranks(rid, missing, reports, self.num_lanes, topo, budget)
+                    raise AggregationError(why)
                 rep = _decode_report(data)
                 check_report(rep, self.num_lanes)
                 reports[rank] = rep
@@ -193,11 +199,7 @@ class Aggregator:
                 ann = s.get("announce", deadline)
                 first, reads = (ann if reads == 0 else first), reads + 1
                 if ann == b"" and first != b"":
-                    raise AggregationError(
-                        f"rank {rank}: rank 0 could not announce the aggregation round (it "
-                        f"left an empty announcement: its writes to {s.url} fail, e.g. on a "
-                        "full disk); see rank 0's error"
-                    )
+                    raise AggregationError(empty_announcement(rank, s.url))
                 current = ann.decode() if ann else None
                 closed = rid is not None and current is None
                 if current is not None and current != rid:
@@ -240,52 +242,20 @@ class Aggregator:
             raise self._storage_failed("take part in the round", "announce", e) from e
         if rid is not None:
             self._best_effort(s.delete, f"{rid}.state.{rank}", deadline + NOTICE_GRACE_S)
-        raise AggregationError(self._follower_timeout(rid, closed, slow, first == b""))
-
-    def _follower_timeout(self, rid: str | None, closed: bool, slow: bool, empty: bool) -> str:
-        """What a follower knows when the budget ran out."""
-        rank, budget, where = self.topology.rank, self.timeout_s, self.storage.url
-        if rid is None:
-            msg = (
-                f"rank {rank}: the leader (rank 0) did not announce an aggregation round "
-                f"within aggregate_timeout_s={budget}: rank 0 is not calling checkpoint() at "
-                f"the same step, or its writes to {where} fail or do not finish (storage "
-                "slow, throttled or full; see rank 0's error)"
+        raise AggregationError(
+            follower_timeout(
+                rank,
+                rid,
+                closed=closed,
+                slow=slow,
+                empty=first == b"",
+                budget=self.timeout_s,
+                where=s.url,
             )
-            if empty:
-                msg += (
-                    "; the announcement was empty, as a leader that could not write the "
-                    "round id leaves it (now or in an earlier round)"
-                )
-        elif closed:
-            msg = (
-                f"rank {rank}: rank 0 announced round {rid} and closed it (every rank had "
-                f"reported) but published no merged state within aggregate_timeout_s="
-                f"{budget}: its writes to {where} fail or do not finish (storage slow or "
-                "throttled, e.g. S3 SlowDown, or full), or rank 0 died; see rank 0's error"
-            )
-        else:
-            msg = (
-                f"rank {rank}: round {rid}, announced by rank 0, was still open after "
-                f"aggregate_timeout_s={budget} (this rank had reported): rank 0 is waiting "
-                "for another rank's report (its error names the rank), its storage calls "
-                f"to {where} are slow or throttled, or rank 0 died"
-            )
-        if slow:
-            msg += "; this rank's own storage calls ran into the deadline too (slow storage?)"
-        return msg
+        )
 
     def _failed(self, rid: str, notice: bytes) -> AggregationError:
-        if notice:
-            why = notice[len(FAILED) :].decode(errors="replace")
-        else:
-            why = (
-                "it could not write why (an empty failure notice: its storage is full or "
-                "failing; see rank 0's error)"
-            )
-        return AggregationError(
-            f"rank {self.topology.rank}: the leader failed aggregation round {rid}: {why}"
-        )
+        return AggregationError(leader_failed(self.topology.rank, rid, notice))
 
     @contextlib.contextmanager
     def _io(self, what: str, key: str) -> Iterator[None]:
@@ -296,20 +266,8 @@ class Aggregator:
             raise self._storage_failed(what, key, e) from e
 
     def _storage_failed(self, what: str, key: str, e: OSError) -> AggregationError:
-        if isinstance(e, StorageTimeout):
-            fix = (
-                f"within aggregate_timeout_s={self.timeout_s}: the coordination storage is "
-                "slow or throttling requests (S3 SlowDown?); raise aggregate_timeout_s or "
-                "use a less loaded bucket or prefix"
-            )
-        elif e.errno == errno.ENOSPC:
-            fix = "the coordination storage is full: free space there"
-        else:
-            fix = "every rank must be able to read and write aggregate_dir"
-        return AggregationError(
-            f"rank {self.topology.rank} could not {what} ({key!r} in {self.storage.url}; "
-            f"{type(e).__name__}: {e}): {fix}"
-        )
+        rank, url = self.topology.rank, self.storage.url
+        return AggregationError(storage_failed(rank, what, key, e, self.timeout_s, url))
 
     @staticmethod
     def _best_effort(call: Callable[..., Any], *args: Any) -> None:
@@ -319,32 +277,6 @@ class Aggregator:
             call(*args)
         except OSError as e:
             log.debug("zephon: aggregation clean-up %s%s failed: %s", call.__name__, args, e)
-
-    # -- helpers --------------------------------------------------------------------
-    def _missing_message(self, rid: str, missing: list[int], reports: dict) -> str:
-        covered = {lane for r in reports.values() for lane in r.state.lanes}
-        lanes = sorted(set(range(self.num_lanes)) - covered)
-        position = next(iter(reports.values())).state.position
-        own = (
-            {
-                r: sorted(
-                    expected_lanes(
-                        self.num_lanes, self.topology.dp_size, r % self.topology.dp_size, position
-                    )
-                )
-                for r in missing
-            }
-            if self.topology.dp_size == self.topology.world_size
-            else {}
-        )
-        detail = "; ".join(f"rank {r} owns lanes {v}" for r, v in own.items())
-        return (
-            f"aggregation round {rid} timed out after aggregate_timeout_s={self.timeout_s}: "
-            f"ranks {missing} never reported (lanes not covered: {lanes}"
-            + (f"; {detail}" if detail else "")
-            + "). Every rank must call checkpoint() at "
-            "the same step."
-        )
 
     def _cleanup(self, rid: str, *, states: bool, acks: bool, deadline: float) -> None:
         for r in range(self.topology.world_size):
