@@ -94,21 +94,24 @@ def apply_faults(spec: dict, log: dict) -> None:
         aggregate.merge_reports = boom
 
     if "kill_after_state_write" in faults:  # SIGKILL right after this rank's state is stored
+        kill_round = spec.get("kill_round", 1)  # ... in this round (1: the first)
         for cls in (storage.DirStorage, storage.StoreStorage):
             orig_put = cls.put
 
-            def put(self, key, value, _orig=orig_put):
-                _orig(self, key, value)
+            def put(self, key, value, *args, _orig=orig_put):
+                _orig(self, key, value, *args)
                 if ".state." in key:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    log["states_written"] = log.get("states_written", 0) + 1
+                    if log["states_written"] == kill_round:
+                        os.kill(os.getpid(), signal.SIGKILL)
 
             cls.put = put
 
     if "signal_first_announce_poll" in faults:  # tell others once we looked for a round
         orig_get = storage.DirStorage.get
 
-        def get(self, key, _orig=orig_get):
-            value = _orig(self, key)
+        def get(self, key, *args, _orig=orig_get):
+            value = _orig(self, key, *args)
             if key == "announce" and not log.get("announce_polled"):
                 log["announce_polled"] = True
                 touch(sync / f"announce_polled.{spec['tag']}")
@@ -119,8 +122,8 @@ def apply_faults(spec: dict, log: dict) -> None:
     if "signal_announce_read" in faults:  # tell others once we know the round id
         orig_get2 = storage.DirStorage.get
 
-        def get2(self, key, _orig=orig_get2):
-            value = _orig(self, key)
+        def get2(self, key, *args, _orig=orig_get2):
+            value = _orig(self, key, *args)
             if key == "announce" and value is not None and not log.get("announce_read"):
                 log["announce_read"] = True
                 touch(sync / f"announce_read.{spec['tag']}")
@@ -157,11 +160,47 @@ def apply_faults(spec: dict, log: dict) -> None:
     for cls in (storage.DirStorage, storage.StoreStorage):
         orig = cls.put
 
-        def put_logged(self, key, value, _orig=orig):
+        def put_logged(self, key, value, *args, _orig=orig):
             log.setdefault("put_keys", []).append(key)
-            _orig(self, key, value)
+            _orig(self, key, value, *args)
 
         cls.put = put_logged
+
+
+def install_disk_full_standin(capacity: int) -> None:
+    """A ``diskfull://`` file system: the local one, whose writes fail with ENOSPC once
+    the directory's files would take more than ``capacity`` bytes in 4 KiB pages, as on a
+    tmpfs of that size. Only a stand-in for the disk where no tiny tmpfs can be mounted
+    (``test_aggregation_disk_full.py`` says which one ran): what is tested is Zephon's
+    handling of ENOSPC, not the file system."""
+    import errno
+    import math
+
+    import fsspec
+    from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
+
+    page = 4096
+
+    class Capped(LocalFileOpener):
+        def write(self, data):
+            d = os.path.dirname(self.path)
+            used = sum(
+                math.ceil(os.path.getsize(os.path.join(d, n)) / page)
+                for n in os.listdir(d)
+                if os.path.join(d, n) != self.path
+            )
+            if (used + math.ceil((self.f.tell() + len(data)) / page)) * page > capacity:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+            return super().write(data)
+
+    class DiskFull(LocalFileSystem):
+        protocol = "diskfull"
+
+        def _open(self, path, mode="rb", block_size=None, **kwargs):
+            path = self._strip_protocol(path)
+            return Capped(path, mode, fs=self, **kwargs)
+
+    fsspec.register_implementation("diskfull", DiskFull, clobber=True)
 
 
 # -- storage inspection ---------------------------------------------------------------
@@ -194,6 +233,7 @@ def store_live_keys(store, rids, world: int) -> list[str]:
 def dir_snapshot(d) -> dict[str, bytes]:
     """Every file of the coordination directory with its bytes (they are small)."""
     snap = {}
+    d = str(d).removeprefix("diskfull://")  # the stand-in for a full disk is a local dir
     if not os.path.isdir(d):  # nobody opened the storage yet
         return snap
     for name in sorted(os.listdir(d)):
@@ -245,6 +285,16 @@ def main(spec_path: str) -> None:
             raise ValueError(backend)
 
         apply_faults(spec, log)
+        if spec.get("disk_capacity") is not None:
+            install_disk_full_standin(spec["disk_capacity"])
+        if "://" in str(spec.get("agg_dir", "")):
+            # connect before the timed rounds: the first use of an object store client
+            # (loading botocore's models) takes seconds on a loaded machine, outside any
+            # round; fsspec hands the aggregation the same cached file system
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(spec["agg_dir"])
+            fs.exists(root)
         pipe = build(**kwargs)
         if spec.get("bind"):
             pipe = pipe.bind(**spec["bind"])

@@ -26,7 +26,7 @@ from helpers import reference_pipeline, worker_env
 
 from zephon_core.checkpoint import codec
 from zephon_core.checkpoint.state import PipelineState
-from zephon_core.distributed.aggregate import FAILED, report_from_dict
+from zephon_core.distributed.aggregate import is_notice, report_from_dict
 from zephon_core.testing import first_difference, take
 
 WORKER = Path(__file__).resolve().with_name("agg_worker.py")
@@ -54,6 +54,7 @@ class Ranks:
         self.sync.mkdir(exist_ok=True)
         self.specs: dict[str, dict] = {}
         self.env: dict[str, str] = {}  # extra environment of the rank processes
+        self.prefix: list[str] = []  # a command that runs each rank (e.g. nsenter ...)
 
     def add(self, tag: str, rank: int, world: int, *, rounds: list[dict], **spec) -> None:
         self.specs[tag] = dict(
@@ -75,7 +76,7 @@ class Ranks:
                 path = self.dir / f"{tag}.json"
                 path.write_text(json.dumps(spec))
                 procs[tag] = subprocess.Popen(
-                    [sys.executable, str(WORKER), str(path)],
+                    [*self.prefix, sys.executable, str(WORKER), str(path)],
                     env=env,
                     stdout=open(self.dir / f"{tag}.stdout", "wb"),
                     stderr=open(self.dir / f"{tag}.stderr", "wb"),
@@ -173,10 +174,10 @@ def assert_files_complete(files: dict[str, bytes], where: str) -> None:
         assert ".tmp" not in name and not name.startswith("."), (
             f"{where}: temporary file {name!r} left in the coordination directory"
         )
-        if name == "announce":
-            assert data.decode(), f"{where}: empty announcement"
+        if name == "announce":  # a round id, or empty: a leader that could not write one
+            assert not data or re.fullmatch(r"\d+-[0-9a-f]{12}", data.decode()), data
         elif name.endswith(".merged"):
-            if not data.startswith(FAILED):
+            if not is_notice(data):
                 PipelineState.from_dict(codec.decode(data))
         elif ".state." in name:
             report_from_dict(codec.decode(data))
@@ -637,21 +638,36 @@ def test_follower_killed_mid_round_then_a_replacement_completes_the_next_round(t
 def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path):
     timeout, world = 4.0, 2
     agg = tmp_path / "agg"
-    # the leader dies right after writing its own state: the follower must give up with a
-    # clear AggregationError within its budget
-    ranks = fault_ranks(
-        tmp_path,
-        world,
-        timeout,
-        agg_dir=agg,
-        name="crash",
-        per_rank={0: dict(faults=["kill_after_state_write"])},
-    )
+    # the leader completes a round, then dies in the next one right after writing its own
+    # state: the follower must give up with a clear AggregationError within its budget
+    ranks = Ranks(tmp_path, "crash")
+    tags = ["r0", "r1"]
+    for r in range(world):
+        ranks.add(
+            f"r{r}",
+            r,
+            world,
+            backend="dir",
+            agg_dir=str(agg),
+            timeout=timeout,
+            bind=dict(rank=r, world_size=world),
+            **(dict(faults=["kill_after_state_write"], kill_round=2) if r == 0 else {}),
+            rounds=[
+                dict(take=K1, barrier="b1", barrier_tags=tags),
+                dict(take=K2, barrier="b2", barrier_tags=tags),
+            ],
+        )
     logs = ranks.logs(ranks.run(), killed=("r0",))
-    fol = logs["r1"]["rounds"][0]
+    assert_ok(logs["r1"]["rounds"][0], "follower, the round before the leader died")
+    fol = logs["r1"]["rounds"][1]
     assert_failed(fol, "AggregationError", "follower of the killed leader")
     assert timeout - 0.25 <= fol["elapsed"] <= timeout + SLACK_S, fol["elapsed"]
-    assert_files_complete(dir_files(agg), "after the leader was killed")
+    assert "still open" in fol["error"] and "rank 0 died" in fol["error"], fol["error"]
+    left = dir_files(agg)
+    assert_files_complete(left, "after the leader was killed")
+    assert [n for n in left if n.endswith(".merged")] and [n for n in left if ".state.0" in n], (
+        f"the killed leader should have left its last merged marker and its state: {left}"
+    )
 
     # restart both ranks on the same directory; the follower looks for a round before
     # the new leader announces one (what a restart usually looks like)
@@ -688,4 +704,7 @@ def test_leader_killed_mid_round_then_restarted_ranks_complete_a_round(tmp_path)
         )
     left = dir_files(agg)
     assert_files_complete(left, "after the restarted ranks shut down")
-    assert not [n for n in left if n.endswith(".merged") or n == "announce"], sorted(left)
+    assert not left, (
+        "a later successful job must remove what the killed leader left (its round's "
+        f"states, its merged marker): {sorted(left)}"
+    )

@@ -1,6 +1,7 @@
 """Aggregation rounds through object storage: ``aggregate_dir="s3://..."`` against a real
 S3-compatible server (moto's, on 127.0.0.1) reached through s3fs, with several real rank
-processes -- a plain round, and a leader killed mid-round followed by restarted ranks."""
+processes -- a plain round, a leader killed mid-round followed by restarted ranks, and a
+PUT storm (503 SlowDown from a proxy) that must not keep any rank past its budget."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from test_aggregation import (
     reference,
 )
 
+from zephon_core.testing.s3 import FaultProxy
+
 BUCKET = "coordination"
 
 
@@ -31,7 +34,7 @@ def s3():
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
         }
-        yield s3fs.S3FileSystem(**options), env
+        yield s3fs.S3FileSystem(**options), env, endpoint
 
 
 def _files(fs, prefix: str) -> dict[str, bytes]:
@@ -47,7 +50,7 @@ def _all_ranks_merged(logs: dict, world: int, what: str) -> None:
 
 
 def test_a_round_through_s3_merges_every_rank(tmp_path, s3):
-    fs, env = s3
+    fs, env, _ = s3
     world = 2
     ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=f"s3://{BUCKET}/plain")
     ranks.env = env
@@ -56,7 +59,7 @@ def test_a_round_through_s3_merges_every_rank(tmp_path, s3):
 
 
 def test_leader_killed_mid_round_on_s3_then_restarted_ranks_complete(tmp_path, s3):
-    fs, env = s3
+    fs, env, _ = s3
     timeout, world = 4.0, 2
     agg = f"s3://{BUCKET}/killed"
     ranks = fault_ranks(
@@ -76,3 +79,44 @@ def test_leader_killed_mid_round_on_s3_then_restarted_ranks_complete(tmp_path, s
     ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=agg, name="restart")
     ranks.env = env
     _all_ranks_merged(ranks.logs(ranks.run()), world, "restarted:")
+    left = _files(fs, "killed")
+    assert not left, f"the restarted job must remove the killed round's files: {sorted(left)}"
+
+
+# what each storm throttles, and what the follower then knows about the leader
+STORMS = {
+    "announce": ("announce", "did not announce"),
+    "publish": (".merged", "closed it (every rank had reported) but published no merged"),
+}
+
+
+@pytest.mark.parametrize("storm", list(STORMS))
+def test_a_put_storm_keeps_every_rank_within_its_budget(tmp_path, s3, storm):
+    """s3fs and botocore retry 503 SlowDown for far longer than a round may last: the
+    leader's storage calls are cut at the round's deadline, and the follower's error says
+    what it saw (no announcement / a round closed but never published), pointing at the
+    storage instead of at rank 0 not calling checkpoint()."""
+    fs, env, endpoint = s3
+    suffix, follower_knows = STORMS[storm]
+    timeout, world = 4.0, 2
+    proxy = FaultProxy(
+        endpoint,
+        fail=10**9,
+        throttle=lambda method, path: method == "PUT" and path.split("?")[0].endswith(suffix),
+    )
+    try:
+        ranks = fault_ranks(tmp_path, world, timeout, agg_dir=f"s3://{BUCKET}/storm-{storm}")
+        ranks.env = dict(env, AWS_ENDPOINT_URL=proxy.url)
+        logs = ranks.logs(ranks.run())
+    finally:
+        proxy.close()
+    assert proxy.failed > 0, "the storm never hit"
+    lead, fol = logs["r0"]["rounds"][0], logs["r1"]["rounds"][0]
+    assert_failed(lead, "AggregationError", "leader in a PUT storm")
+    assert "slow or throttling" in lead["error"], lead["error"]
+    assert_failed(fol, "AggregationError", "follower in a PUT storm")
+    assert follower_knows in fol["error"] and "throttled" in fol["error"], fol["error"]
+    for tag, entry in (("leader", lead), ("follower", fol)):
+        assert entry["elapsed"] <= timeout + SLACK_S, (
+            f"the {tag} spent {entry['elapsed']:.1f} s in a round whose budget is {timeout} s"
+        )

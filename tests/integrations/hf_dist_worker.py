@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--slow-save", type=float, default=0.0, help="rank 0 writes slowly")
     ap.add_argument("--agg-timeout", type=float, default=300.0)
     ap.add_argument("--probe-no-checkpoint", type=int, default=0)
+    ap.add_argument("--teardown", type=int, default=0, help="exit through interpreter teardown")
     a = ap.parse_args()
     rank_env = os.environ.get("RANK", "0")
     stacks = open(f"{a.record}.rank{rank_env}.stacks", "w")  # noqa: SIM115 - lives until exit
@@ -101,6 +102,8 @@ def main() -> None:
         trainer = ZephonTrainer(model=model, args=args, pipeline=build, callbacks=callbacks)
     resume = {"": None, "true": True}.get(a.resume, a.resume)
     trainer.train(resume_from_checkpoint=resume)
+    if a.teardown:  # benchmarks/stress_exit.py: a user's script ends here, through teardown
+        return
     record = {"world": args.world_size, "seen": model.seen, "losses": losses.losses}
     _finish(a, args.process_index, dict(record, warnings=warned.messages))
 

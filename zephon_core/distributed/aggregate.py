@@ -11,28 +11,55 @@ Leader (global rank 0)                        Followers
   close the round (delete "announce")
   merge, publish "<id>.merged"                wait for "<id>.merged", read it
   delete own state                            delete own state, write "<id>.ack.<rank>"
-  wait for every ack, delete the acks and the previous round's merged result
+  wait for every ack, delete the acks and every leftover of earlier rounds
 
-``aggregate_timeout_s`` is one budget for the whole round. A leader that fails
-before publishing publishes a failure notice under the merged key instead, so
-followers fail at once. The merged result stays as the marker that the round
-closed until the next round is acknowledged or the pipeline shuts down.
+``aggregate_timeout_s`` is one budget for the whole round, storage calls included
+(object-store calls are cut at the deadline, retries and all). A leader that fails
+after announcing -- a missing rank, a bad report, a write that fails or does not finish
+-- publishes a failure notice under the merged key instead, so followers fail at once;
+on a full disk, where the notice's text does not fit, an empty merged file is the
+notice. The merged result stays as the marker that the round closed until the next
+round is acknowledged or the pipeline shuts down. A fully acknowledged round also
+removes what earlier rounds left behind (a leader killed mid-round leaves its states and
+merged marker; a killed writer its temporary file): nobody else is inside a round then.
+A leader that cannot even write the announcement leaves it empty, which followers
+already waiting take as its failure. Messages: ``round_messages.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..checkpoint import codec
 from ..checkpoint.state import PipelineState
 from ..errors import CorruptCheckpoint, ZephonError
-from .merge import RankReport, check_report, expected_lanes, merge_reports
-from .storage import MAX_BACKOFF_S, open_storage
+from .merge import RankReport, check_report, merge_reports
+from .round_messages import (
+    FAILED,
+    empty_announcement,
+    follower_timeout,
+    is_notice,
+    leader_failed,
+    missing_ranks,
+    storage_failed,
+)
+from .storage import MAX_BACKOFF_S, StorageTimeout, open_storage
 from .topology import Topology
 
-FAILED = b"ZEPHON-ROUND-FAILED\n"
+log = logging.getLogger(__name__)
+
 ROUND_SLICE_S = 1.0  # a follower re-reads the announcement at least this often
+NOTICE_GRACE_S = 1.0  # a failure notice may still go out this long after the deadline
+# every name the protocol writes (and the temporary names of directory writes)
+PROTOCOL_FILE = re.compile(
+    r"(\.tmp-[0-9a-f]{32}-)?(announce|\d+-[0-9a-f]{12}\.(merged|state\.\d+|ack\.\d+))"
+)
 
 
 class AggregationError(ZephonError, RuntimeError):
@@ -48,6 +75,8 @@ class Aggregator:
         # leader: rounds whose merged result (or failure notice) is still stored, with the
         # time a failure notice went out (None for a merged result)
         self.markers: list[tuple[str, float | None]] = []
+        # leader: when it left an empty announcement (a notice, kept like one by close())
+        self.empty_announce_at: float | None = None
 
     @classmethod
     def create(
@@ -74,43 +103,79 @@ class Aggregator:
         s, world = self.storage, self.topology.world_size
         # the id starts with the global position so followers join only their own step
         rid = f"{local.position}-{uuid.uuid4().hex[:12]}"
-        s.put("announce", rid.encode())
-        s.put(f"{rid}.state.0", report)
         try:
+            s.put("announce", rid.encode(), deadline)
+        except OSError as e:
+            # No round to fail: an empty announcement (a full disk still takes an empty
+            # file) tells the followers already waiting; see _follow
+            self._best_effort(s.put, "announce", b"", deadline + NOTICE_GRACE_S)
+            self.empty_announce_at = time.monotonic()
+            raise self._storage_failed("announce the round", "announce", e) from e
+        self.empty_announce_at = None  # replaced
+        try:
+            with self._io("write its report", f"{rid}.state.0"):
+                s.put(f"{rid}.state.0", report, deadline)
             reports = {0: _decode_report(report)}
             check_report(reports[0], self.num_lanes)
             for rank in range(1, world):
-                data = s.wait(f"{rid}.state.{rank}", deadline)
+                with self._io("read the reports", f"{rid}.state.{rank}"):
+                    data = s.wait(f"{rid}.state.{rank}", deadline)
                 if data is None:
                     missing = [r for r in range(world) if r not in reports]
-                    raise AggregationError(self._missing_message(rid, missing, reports))
+                    topo, budget = self.topology, self.timeout_s
+                    why = missing_ranks(rid, missing, reports, self.num_lanes, topo, budget)
+                    raise AggregationError(why)
                 rep = _decode_report(data)
                 check_report(rep, self.num_lanes)
                 reports[rank] = rep
-            s.delete("announce")  # close the round
+            with self._io("close the round", "announce"):
+                s.delete("announce", deadline)
             merged = merge_reports([reports[r] for r in sorted(reports)], self.num_lanes)
+            with self._io("publish the merged state", f"{rid}.merged"):
+                s.put(f"{rid}.merged", codec.encode(merged.to_dict()), deadline)
         except BaseException as e:
-            # The notice goes out before anything else, and the announcement stays, so
-            # followers -- also late ones -- find it at once; the next round replaces it.
-            s.put(f"{rid}.merged", FAILED + f"{type(e).__name__}: {e}".encode())
-            self.markers.append((rid, time.monotonic()))
-            self._cleanup(rid, states=True, acks=False)
+            self._publish_failure(rid, e, deadline)
             raise
-        s.put(f"{rid}.merged", codec.encode(merged.to_dict()))
         self.markers.append((rid, None))
-        s.delete(f"{rid}.state.0")
-        missing = [r for r in range(1, world) if s.wait(f"{rid}.ack.{r}", deadline) is None]
-        self._cleanup(rid, states=bool(missing), acks=True)
+        self._best_effort(s.delete, f"{rid}.state.0", deadline)
+        with self._io("read the acknowledgements", f"{rid}.ack.*"):
+            missing = [r for r in range(1, world) if s.wait(f"{rid}.ack.{r}", deadline) is None]
+        self._cleanup(rid, states=bool(missing), acks=True, deadline=deadline)
         if missing:
             raise AggregationError(
                 f"aggregation round {rid}: ranks {missing} did not acknowledge the merged "
                 f"state within aggregate_timeout_s={self.timeout_s}; the merged result stays "
                 "for them until the next acknowledged round"
             )
-        for old, _ in self.markers[:-1]:  # fully acknowledged: older markers can go
-            s.delete(f"{old}.merged")
+        self._sweep(rid, deadline)
         self.markers = [(rid, None)]
         return merged
+
+    def _publish_failure(self, rid: str, error: BaseException, deadline: float) -> None:
+        """The failure notice goes out before anything else, and the announcement stays, so
+        followers -- also late ones -- find it at once; the next round replaces it. When its
+        text cannot be written (a full disk), an empty merged file says the same."""
+        s = self.storage
+        until = max(deadline, time.monotonic()) + NOTICE_GRACE_S
+        notice = FAILED + f"{type(error).__name__}: {error}".encode()
+        reason: OSError | None = None
+        for body in (notice, b""):
+            try:
+                s.put(f"{rid}.merged", body, until)
+                break
+            except OSError as e:
+                reason = e
+        else:
+            log.warning(
+                "zephon: the failure notice of aggregation round %s could not be written "
+                "to %s (%s: %s); the other ranks wait out aggregate_timeout_s",
+                rid,
+                s.url,
+                type(reason).__name__,
+                reason,
+            )
+        self.markers.append((rid, time.monotonic()))
+        self._cleanup(rid, states=True, acks=False, deadline=until)
 
     def _follow(self, report: bytes, position: int, deadline: float) -> PipelineState:
         """Join the round the leader announced.
@@ -119,108 +184,141 @@ class Aggregator:
         supersedes one whose leader died. A round that already concluded when this rank
         arrives counts only if it failed at this rank's own step (a late follower gets the
         notice at once); otherwise it is a leftover of an earlier step and is ignored.
+        An announcement that turns empty while this rank waits is a leader that could not
+        write the round id (an empty one found on arrival may be a leftover: ignored).
         """
         s, rank = self.storage, self.topology.rank
         rid: str | None = None
+        closed = False  # the announcement of our round is gone: the leader had every report
+        slow = False  # one of this rank's own storage calls ran into the deadline
+        first: bytes | None = None  # the announcement as this rank found it
+        reads = 0
         delay = 0.005
-        while True:
-            ann = s.get("announce")
-            current = ann.decode() if ann is not None else None
-            if current is not None and current != rid:
-                concluded = s.get(f"{current}.merged")
-                if concluded is None:
-                    if rid is not None:
-                        s.delete(f"{rid}.state.{rank}")
-                    rid = current
-                    s.put(f"{rid}.state.{rank}", report)
-                elif concluded.startswith(FAILED) and current.startswith(f"{position}-"):
-                    raise self._failed(current, concluded)
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if rid is None:
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, MAX_BACKOFF_S)
-                continue
-            data = s.wait(f"{rid}.merged", min(deadline, now + ROUND_SLICE_S))
-            if data is None:
-                continue
-            if data.startswith(FAILED):
-                newer = s.get("announce")
-                if (
-                    newer is not None
-                    and newer.decode() != rid
-                    and s.get(f"{newer.decode()}.merged") is None
-                ):
-                    continue  # a restarted leader opened a new round
-                s.delete(f"{rid}.state.{rank}")
-                raise self._failed(rid, data)
-            merged = PipelineState.from_dict(codec.decode(data))
-            s.delete(f"{rid}.state.{rank}")
-            s.put(f"{rid}.ack.{rank}", b"1")
-            return merged
-        if rid is None:
-            raise AggregationError(
-                f"rank {rank}: the leader (rank 0) did not announce an aggregation round "
-                f"within aggregate_timeout_s={self.timeout_s}; is rank 0 calling "
-                "checkpoint() at the same step?"
-            )
-        s.delete(f"{rid}.state.{rank}")
+        try:
+            while True:
+                ann = s.get("announce", deadline)
+                first, reads = (ann if reads == 0 else first), reads + 1
+                if ann == b"" and first != b"":
+                    raise AggregationError(empty_announcement(rank, s.url))
+                current = ann.decode() if ann else None
+                closed = rid is not None and current is None
+                if current is not None and current != rid:
+                    concluded = s.get(f"{current}.merged", deadline)
+                    if concluded is None:
+                        if rid is not None:
+                            s.delete(f"{rid}.state.{rank}", deadline)
+                        rid = current
+                        s.put(f"{rid}.state.{rank}", report, deadline)
+                    elif is_notice(concluded) and current.startswith(f"{position}-"):
+                        raise self._failed(current, concluded)
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                if rid is None:
+                    time.sleep(min(delay, deadline - now))
+                    delay = min(delay * 2, MAX_BACKOFF_S)
+                    continue
+                data = s.wait(f"{rid}.merged", min(deadline, now + ROUND_SLICE_S))
+                if data is None:
+                    continue
+                if is_notice(data):
+                    newer = s.get("announce", deadline)
+                    if (
+                        newer is not None
+                        and newer.decode() != rid
+                        and s.get(f"{newer.decode()}.merged", deadline) is None
+                    ):
+                        continue  # a restarted leader opened a new round
+                    self._best_effort(s.delete, f"{rid}.state.{rank}", deadline)
+                    raise self._failed(rid, data)
+                merged = PipelineState.from_dict(codec.decode(data))
+                self._best_effort(s.delete, f"{rid}.state.{rank}", deadline)
+                with self._io("acknowledge the merged state", f"{rid}.ack.{rank}"):
+                    s.put(f"{rid}.ack.{rank}", b"1", deadline)
+                return merged
+        except StorageTimeout:
+            slow = True  # the deadline passed inside a call: what this rank knows follows
+        except OSError as e:
+            raise self._storage_failed("take part in the round", "announce", e) from e
+        if rid is not None:
+            self._best_effort(s.delete, f"{rid}.state.{rank}", deadline + NOTICE_GRACE_S)
         raise AggregationError(
-            f"rank {rank}: no merged state for round {rid} within "
-            f"aggregate_timeout_s={self.timeout_s}"
+            follower_timeout(
+                rank,
+                rid,
+                closed=closed,
+                slow=slow,
+                empty=first == b"",
+                budget=self.timeout_s,
+                where=s.url,
+            )
         )
 
     def _failed(self, rid: str, notice: bytes) -> AggregationError:
-        return AggregationError(
-            f"rank {self.topology.rank}: the leader failed aggregation "
-            f"round {rid}: " + notice[len(FAILED) :].decode(errors="replace")
-        )
+        return AggregationError(leader_failed(self.topology.rank, rid, notice))
 
-    # -- helpers --------------------------------------------------------------------
-    def _missing_message(self, rid: str, missing: list[int], reports: dict) -> str:
-        covered = {lane for r in reports.values() for lane in r.state.lanes}
-        lanes = sorted(set(range(self.num_lanes)) - covered)
-        position = next(iter(reports.values())).state.position
-        own = (
-            {
-                r: sorted(
-                    expected_lanes(
-                        self.num_lanes, self.topology.dp_size, r % self.topology.dp_size, position
-                    )
-                )
-                for r in missing
-            }
-            if self.topology.dp_size == self.topology.world_size
-            else {}
-        )
-        detail = "; ".join(f"rank {r} owns lanes {v}" for r, v in own.items())
-        return (
-            f"aggregation round {rid} timed out after aggregate_timeout_s={self.timeout_s}: "
-            f"ranks {missing} never reported (lanes not covered: {lanes}"
-            + (f"; {detail}" if detail else "")
-            + "). Every rank must call checkpoint() at "
-            "the same step."
-        )
+    @contextlib.contextmanager
+    def _io(self, what: str, key: str) -> Iterator[None]:
+        """Storage failures inside the block become an AggregationError saying what failed."""
+        try:
+            yield
+        except OSError as e:
+            raise self._storage_failed(what, key, e) from e
 
-    def _cleanup(self, rid: str, *, states: bool, acks: bool) -> None:
+    def _storage_failed(self, what: str, key: str, e: OSError) -> AggregationError:
+        rank, url = self.topology.rank, self.storage.url
+        return AggregationError(storage_failed(rank, what, key, e, self.timeout_s, url))
+
+    @staticmethod
+    def _best_effort(call: Callable[..., Any], *args: Any) -> None:
+        """A clean-up call whose failure must not hide the round's outcome (the next
+        acknowledged round sweeps what it leaves)."""
+        try:
+            call(*args)
+        except OSError as e:
+            log.debug("zephon: aggregation clean-up %s%s failed: %s", call.__name__, args, e)
+
+    def _cleanup(self, rid: str, *, states: bool, acks: bool, deadline: float) -> None:
         for r in range(self.topology.world_size):
             if states:
-                self.storage.delete(f"{rid}.state.{r}")
+                self._best_effort(self.storage.delete, f"{rid}.state.{r}", deadline)
             if acks and r:
-                self.storage.delete(f"{rid}.ack.{r}")
+                self._best_effort(self.storage.delete, f"{rid}.ack.{r}", deadline)
+
+    def _sweep(self, rid: str, deadline: float) -> None:
+        """After a fully acknowledged round every rank is out of it, so every protocol
+        file but this round's merged marker is a leftover: of this leader's earlier rounds,
+        or of a leader or writer killed mid-round in an earlier job. (A torch Store cannot
+        list its keys: there only the markers this leader knows go.)"""
+        s = self.storage
+        try:
+            names = s.keys(deadline)
+        except OSError as e:
+            log.debug("zephon: listing %s for leftovers failed: %s", s.url, e)
+            names = None
+        if names is None:
+            stale = [f"{old}.merged" for old, _ in self.markers if old != rid]
+        else:
+            stale = [n for n in names if n != f"{rid}.merged" and PROTOCOL_FILE.fullmatch(n)]
+        for name in stale:
+            self._best_effort(s.delete, name, deadline)
 
     def close(self) -> None:
-        """Shutdown: the leader removes the merged markers it left. A failure notice stays
-        until its round's budget has passed, so followers still waiting get it."""
+        """Shutdown: the leader removes the merged markers it left. A failure notice (and an
+        empty announcement) stays until its round's budget has passed, so followers still
+        waiting get it; the next acknowledged round sweeps it."""
         if self.topology.rank != 0:
             return
         now, keep = time.monotonic(), []
+        notice_at = self.empty_announce_at
+        if notice_at is not None and now - notice_at >= self.timeout_s:
+            self._best_effort(self.storage.delete, "announce", now + self.timeout_s)
+            self.empty_announce_at = None
         for rid, failed_at in self.markers:
             if failed_at is not None and now - failed_at < self.timeout_s:
                 keep.append((rid, failed_at))
             else:
-                self.storage.delete(f"{rid}.merged")
+                self._best_effort(self.storage.delete, f"{rid}.merged", now + self.timeout_s)
         self.markers = keep
 
 

@@ -20,6 +20,7 @@ output stays valid, so ``state_dict()`` still gives an exact restore point.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Iterator
@@ -35,6 +36,8 @@ from .run import PipelineRun
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
+
+log = logging.getLogger(__name__)
 
 
 class StreamHandle:
@@ -217,7 +220,14 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
         return self._run
 
     def close(self) -> None:
-        """Stop threads and worker processes (idempotent); the state stays readable."""
+        """Stop threads and worker processes (idempotent); the state stays readable. Waits
+        for the threads to end (a failed run's threads too): up to 5 s for one inside a
+        blocking call, which the garbage collector and the exit hook then wait for again."""
         self._closed = True
-        self._run.close()
+        if not self._run.close():
+            log.warning(
+                "zephon: close(): a thread of this pipeline run is still inside a call that "
+                "has not returned (an operator or a read); it stops when the call returns "
+                "and is waited for again at interpreter exit"
+            )
         self._close_aggregator()

@@ -35,7 +35,8 @@ def stop_live_pumps() -> None:
     Why: the pump is a daemon thread; left running, it may be inside native code (a
     Parquet read, a tokenizer) while the interpreter tears down, which can abort the
     process ("terminate called without an active exception"). Stopped and joined here,
-    it finishes the step it is on and exits first."""
+    it finishes the step it is on and exits first. A pump stays registered until its
+    thread has ended, also when an earlier ``close()`` gave up waiting for it."""
     for pump in list(_live):
         pump.close(EXIT_JOIN_S)
 
@@ -64,8 +65,12 @@ class Pump:
         self._error: BaseException | None = None
         self._working: int | None = None  # the lane the pump thread is advancing
         self._thread = threading.Thread(target=self._run, name="zephon-pump", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread. Separate from construction so that the owner holds the pump
+        before its thread runs: a Ctrl-C landing in between leaves no thread unknown."""
+        _live.add(self)  # before the thread exists: the exit hook must always know it
         self._thread.start()
-        _live.add(self)
 
     def _pick(self) -> int | None:
         order, n = self._order, len(self._order)
@@ -148,10 +153,19 @@ class Pump:
     def queued(self) -> dict[int, int]:
         return {lane: len(q) for lane, q in self._queues.items()}
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the thread and wait up to ``timeout`` for it to end (idempotent: a later
+        call waits again). Returns whether it ended."""
         with self._cond:
             self._stop = True
+            # the error's traceback holds the consumer's frames, and so the handle: kept
+            # here, it would keep a failed iterator (and its finalizer) from being collected
+            self._error = None
             self._cond.notify_all()
-        if self._thread is not threading.current_thread():
+        started = self._thread.ident is not None
+        if started and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False  # still inside a step: the exit hook waits for it again
         _live.discard(self)
+        return True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -114,6 +115,7 @@ class PipelineRun:
                     lambda: self.turn,
                     self.plan.stall_timeout_s,
                 )
+                self.pump.start()
             return self.pump.take(lane)
         return next(self.streams[lane].outputs)
 
@@ -245,16 +247,27 @@ class PipelineRun:
             **sum_worker_stats([op.name for op in self.plan.ops], [self.worker_stats()]),
         }
 
-    def close(self, join_timeout: float = 5.0) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.pump is not None:
-            self.pump.close(join_timeout)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.procs is not None:
-            self.procs.close()
+    def close(self, join_timeout: float = 5.0) -> bool:
+        """Stop the pump, the stage threads and worker processes, and wait up to
+        ``join_timeout`` for the threads to end. Idempotent; every call waits again for
+        threads still running (a failed run's threads may have been inside a blocked
+        function when it first closed). Returns whether every thread ended."""
+        if not self.closed:
+            self.closed = True
+            if self.pump is not None:
+                self.pump.close(0)
+            if self.pool is not None:
+                self.pool.shutdown(wait=False, cancel_futures=True)
+            if self.procs is not None:
+                self.procs.close()
+        deadline = time.monotonic() + join_timeout
+        ended = self.pump is None or self.pump.close(join_timeout)
+        # the pool's threads take no new jobs after shutdown(); each ends after its job
+        for t in list(getattr(self.pool, "_threads", ())):
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+            ended = ended and not t.is_alive()
+        return ended
 
 
 def initial_state(plan: Plan, lanes: list[int], position: int = 0) -> PipelineState:

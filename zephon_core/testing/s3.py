@@ -66,6 +66,9 @@ class FaultProxy:
     retries down so the component's own retries, for what outlasts them, are what is
     exercised.)
 
+    ``throttle=lambda method, path: method == "PUT" and path.endswith(".merged")`` makes
+    a PUT storm on an aggregation round's result.
+
     ``flip``: the next ``flip`` ranged GETs of Parquet objects get one bit of their body
     flipped (the middle byte), as a damaged transfer would; ``flipped`` counts them.
 
