@@ -72,21 +72,24 @@ def admit(
     if legacy is not None:  # written before functions were identified by content alone
         parsed = dataclasses.replace(parsed, config=legacy, fingerprint=fingerprint(legacy))
     same_config = parsed.fingerprint == plan.fingerprint
+    other: list[str] = []
+    mix: list[str] = []
+    comp: list[str] = []
+    if not same_config:
+        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
     changed = resized(parsed.config, plan.config)  # datasets of another length (resize.py)
     if changed and "data" not in allowed:  # the root cause first: the data's length
-        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
         raise resized_refusal(changed, parsed.content, plan.content, other + mix + comp)
     changed_fns = _check_content(
         parsed, plan, allowed, [] if same_config else config_diff(parsed.config, plan.config)
     )
-    if not same_config and allowed & REMIX_CHANGES:
+    # translate only what changed: a re-mix (which also takes resized datasets along) when
+    # the mixture did and may, else a resize alone; allowing more changes nothing else
+    remixing = bool(mix or comp) and bool(allowed & REMIX_CHANGES)
+    if remixing or (changed and not (other or mix or comp)):
         for ls in parsed.lanes.values():
-            check_chunk_digests(ls)  # the chunks as saved, before remix renumbers them
-        parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
-    if changed and parsed.fingerprint != plan.fingerprint:  # allowed: "data" is in it
-        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
-        if not (other or mix or comp):
-            parsed = accept_resized(parsed, plan)
+            check_chunk_digests(ls)  # the chunks as saved, before they are translated
+        parsed = remix(parsed, plan, allowed) if remixing else accept_resized(parsed, plan)
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source, plan.ops)
         diff = other + comp + mix
