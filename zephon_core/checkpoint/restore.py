@@ -43,7 +43,7 @@ from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
 from .resize import accept_resized, resized, resized_refusal
 from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 
-__all__ = ["ALLOWED_CHANGES", "admit", "content_changes"]
+__all__ = ["ALLOWED_CHANGES", "admit", "allowed_changes", "content_changes"]
 
 #: what ``allow_changes=`` may name
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
@@ -64,7 +64,7 @@ def admit(
             allowed), or lane progress inconsistent with one global position.
         ConfigError: ``allow_changes`` names something unknown.
     """
-    allowed = _allowed(allow_changes)
+    allowed = allowed_changes(allow_changes)
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
@@ -124,15 +124,21 @@ def admit(
     return parsed
 
 
-def _allowed(allow_changes: Iterable[str]) -> frozenset[str]:
+def allowed_changes(allow_changes: Iterable[str], where: str = "allow_changes") -> frozenset[str]:
+    """``allow_changes`` as a set of known names (a single string is one name); ``where``
+    names the argument in the error (integrations check theirs when they are built, so a
+    typo fails then, not at a resume hours later).
+
+    Raises:
+        ConfigError: an unknown name.
+    """
     if isinstance(allow_changes, str):
         allow_changes = (allow_changes,)
     allowed = frozenset(allow_changes)
     unknown = sorted(allowed - ALLOWED_CHANGES)
     if unknown:
         raise ConfigError(
-            f"allow_changes={sorted(allowed)}: unknown {unknown}; use any of "
-            f"{sorted(ALLOWED_CHANGES)}"
+            f"{where}={sorted(allowed)}: unknown {unknown}; use any of {sorted(ALLOWED_CHANGES)}"
         )
     return allowed
 
