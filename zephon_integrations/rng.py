@@ -76,16 +76,6 @@ def from_checkpoint(state: dict[str, Any]) -> Snapshot:
     return out
 
 
-def capture() -> dict[str, Any]:
-    """This process's RNG states, in checkpoint form."""
-    return to_checkpoint(snapshot())
-
-
-def restore(state: dict[str, Any]) -> None:
-    """Set this process's RNGs to a state from :func:`capture`."""
-    reinstate(from_checkpoint(state))
-
-
 def _listify(x: Any) -> Any:
     return [_listify(v) for v in x] if isinstance(x, tuple) else x
 

@@ -199,8 +199,9 @@ def test_ranks_over_other_content_do_not_merge():
     a = _pipe().bind(rank=0, world_size=2)
     b = _pipe(prose=_edited(SMALL_PROSE, 1)).bind(rank=1, world_size=2)
     reports = [a.local_checkpoint(), b.local_checkpoint()]
-    with pytest.raises(IncompatibleCheckpoint, match="other data or functions"):
+    with pytest.raises(IncompatibleCheckpoint, match="other data or functions") as refused:
         merge_local_checkpoints(reports, num_lanes=2)
+    assert "dataset 'prose'" in str(refused.value) and "'code'" not in str(refused.value)
 
 
 def test_version_1_states_still_restore(caplog):

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from helpers import CODE, PROSE, byte_tokenize, make_docs
 
-from zephon_core import IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
+from zephon_core import (
+    IncompatibleCheckpoint,
+    Operator,
+    OpTraits,
+    Pipeline,
+    StaticMixtureWorkSource,
+)
 from zephon_core.errors import CorruptCheckpoint
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
@@ -355,3 +361,50 @@ def test_prior_with_foreign_operator_targets_is_corrupt(targets, match):
     ls["prior"][2] = targets
     with pytest.raises(CorruptCheckpoint, match=match), _ensured({"prose": 0.2, "code": 0.8}) as p:
         p.load_state_dict(remixed)
+
+
+class _WeightTag(Operator):
+    """A custom operator reading the source weights (``reads_source_weights`` and
+    ``set_targets``, the base-class contract, no ``mixture_keys``): it tags each record
+    with the share of 'prose' it sees."""
+
+    traits = OpTraits(preserves_cursor_order=True)
+    reads_source_weights = True
+
+    def __init__(self) -> None:
+        self.name = "weight_tag"
+        self.targets: tuple[float, ...] | None = None
+
+    def set_targets(self, weights: tuple[float, ...]) -> None:
+        self.targets = tuple(weights)
+
+    def process(self, record):
+        t = self.targets if self.targets is not None else self.ctx.weights
+        return [record.with_payload({**record.payload, "share": t[0] / sum(t)})]
+
+    def flush(self):
+        return []
+
+    def describe(self) -> dict:
+        return {"op": "weight_tag", "name": self.name}
+
+
+def test_a_custom_operator_reading_the_source_weights_keeps_the_old_ones_in_replay():
+    def build(weights: dict) -> Pipeline:
+        src = StaticMixtureWorkSource(
+            {"prose": PROSE, "code": CODE}, weights, chunk_size=4, seed=SEED
+        )
+        return (
+            Pipeline(src, canonical_replicas=2, flush_every_k_chunks=4, seed=5, prefetch=0)
+            .fetch()
+            .then(_WeightTag())
+        )
+
+    with build({"prose": 0.6, "code": 0.4}) as pipe:
+        take(pipe, 5)
+        state = pipe.checkpoint()
+    with build({"prose": 0.2, "code": 0.8}) as pipe:
+        pipe.load_state_dict(state, allow_changes={"weights"})
+        shares = [round(o["share"], 2) for o in take(pipe, 6)]
+    # the segments begun before the re-mix replay (and continue) under the old weights
+    assert shares[0] == 0.6, shares

@@ -45,8 +45,10 @@ def test_allow_changes_re_mixes_on_resume(tmp_path, caplog, path):
     after = functools.partial(mixture_pipeline, (0.5, 0.5))
     hf_train(path, tmp_path / "a", 6, pipeline=before)  # saves at 3 and 6
     ckpt = str(tmp_path / "a" / "checkpoint-6")
-    with pytest.raises(IncompatibleCheckpoint, match=r"allow_changes=\{'weights'\}"):
+    with pytest.raises(IncompatibleCheckpoint, match=r"allow_changes=\{'weights'\}") as refused:
         hf_train(path, tmp_path / "a", 12, pipeline=after, resume=ckpt)
+    owner = "ZephonCallback" if path == "callback" else "ZephonTrainer"
+    assert f"{owner}(..., allow_changes=...)" in str(refused.value)  # the user's own argument
 
     remixed, remixed_losses, _ = hf_train(
         path, tmp_path / "a", 12, pipeline=after, resume=ckpt, allow_changes={"weights"}
@@ -63,3 +65,14 @@ def test_allow_changes_re_mixes_on_resume(tmp_path, caplog, path):
     )
     assert tail == remixed[3:] and tail_losses == remixed_losses[3:]
     assert zephon_warnings(caplog) == []  # nothing lacking, nothing to say
+
+
+def test_allow_changes_is_checked_when_the_integration_is_built():
+    """A typo fails when the callback or trainer is built, not at a resume hours later;
+    one name may be a string."""
+    from zephon_core import ConfigError
+    from zephon_integrations.hf import ZephonCallback
+
+    assert ZephonCallback(mixture_pipeline, allow_changes="weights").allow_changes == {"weights"}
+    with pytest.raises(ConfigError, match=r"ZephonCallback\(allow_changes=\.\.\.\)"):
+        ZephonCallback(mixture_pipeline, allow_changes={"weight"})

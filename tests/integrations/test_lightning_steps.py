@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 from lightning_helpers import Tiny, fit, global_stream, small_val_loader, step_checkpoint
 
@@ -128,6 +129,7 @@ def test_a_checkpoint_inside_a_window_warns_about_batchnorm_statistics(tmp_path,
 def test_loop_counters_read_as_lightnings_own_state_dict(tmp_path):
     """``loop_counters.capture`` reads the counters without ``dataclasses.asdict``; it
     must give what Lightning writes into a checkpoint."""
+    from zephon_core import ConfigError
     from zephon_integrations.lightning import loop_counters  # (new module: imported here)
 
     _, trainer, _ = fit(max_steps=3, ckpt_dir=str(tmp_path / "a"), accumulate=2)
@@ -136,3 +138,9 @@ def test_loop_counters_read_as_lightnings_own_state_dict(tmp_path):
     assert set(counters.values) == set(loop_counters.KEYS)
     for key, value in counters.values.items():
         assert value == fit_state[key], key
+    # a Lightning whose checkpoint lacks one of those keys (a rename) is refused loudly:
+    # writing the others would keep the counters from inside the window
+    kept = {k: v for k, v in fit_state.items() if k != loop_counters.KEYS[0]}
+    renamed = {"loops": {"fit_loop": kept}}
+    with pytest.raises(ConfigError, match="keeps its loop progress differently"):
+        loop_counters.write(renamed, counters)

@@ -5,6 +5,7 @@ by the proxy in ``zephon_core.testing.s3``."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -15,6 +16,7 @@ import pytest
 from helpers import parquet_pipe, s3_server, small_packed
 
 from zephon_core import (
+    CorruptCheckpoint,
     IncompatibleCheckpoint,
     Pipeline,
     SourceChanged,
@@ -23,7 +25,7 @@ from zephon_core import (
 )
 from zephon_core.sources import storage_retry
 from zephon_core.sources.parquet import parquet_component
-from zephon_core.testing import take
+from zephon_core.testing import assert_streams_equal, take
 from zephon_core.testing.s3 import FaultProxy
 
 ROWS = [23, 17, 31, 9]  # per shard, in row groups of 5
@@ -218,6 +220,17 @@ def test_a_grown_list_is_a_data_change_not_a_mixture_change(unit):
     with build(grown, **extra) as pipe:
         pipe.load_state_dict(state, allow_changes={"weights", "components", "data"})
         assert len(take(pipe, 4)) == 4
+    # allowing a re-mix that is not needed changes nothing: the same stream as {"data"}
+    with build(grown) as a, build(grown) as b:
+        a.load_state_dict(state, allow_changes={"data"})
+        b.load_state_dict(state, allow_changes={"data", "weights"})
+        assert_streams_equal(take(a, 12), take(b, 12))
+    # and an inflight chunk changed after the save is refused before it is translated
+    tampered = copy.deepcopy(state)
+    lane = next(ls for ls in tampered["lanes"] if ls["chunks"])
+    lane["chunks"][-1][3][0] = (lane["chunks"][-1][3][0] + 1) % 30  # a row in range
+    with pytest.raises(CorruptCheckpoint, match="does not match its digest"):
+        build(grown).load_state_dict(tampered, allow_changes={"data"})
 
 
 # -- object storage: moto's server through s3fs -------------------------------------------------

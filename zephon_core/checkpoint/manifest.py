@@ -30,7 +30,8 @@ from typing import Any
 __all__ = ["describe_change", "differs", "digest_of", "with_manifest"]
 
 SEP = " #parts="
-MAX_BYTES = 64 << 10  # the encoded manifest, per dataset, in every checkpoint
+MAX_BYTES = 8 << 10  # the encoded manifest, per dataset, in every checkpoint and rank report
+MAX_JSON = 1 << 20  # what a manifest read from a checkpoint may inflate to
 _SHOW = 5  # parts named per kind of change
 
 
@@ -59,22 +60,27 @@ def _encode(body: dict[str, Any]) -> str:
 
 def _decode(fingerprint: str) -> tuple[str, dict[str, Any] | None]:
     """(digest, manifest or None); a string that is not ``digest + SEP + manifest`` is
-    all digest."""
+    all digest. The manifest comes from a checkpoint, which may be crafted: it is
+    inflated only up to :data:`MAX_JSON` bytes (a larger one is taken for none)."""
     head, sep, tail = fingerprint.partition(SEP)
     if not sep:
         return fingerprint, None
     try:
-        body = json.loads(zlib.decompress(base64.b64decode(tail, validate=True)))
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.b64decode(tail, validate=True), MAX_JSON)
+        if inflate.unconsumed_tail or not inflate.eof:
+            return head, None
+        body = json.loads(raw)
         if not isinstance(body, dict) or not isinstance(body.get("rows"), int):
-            return fingerprint, None
+            return head, None
     except (ValueError, zlib.error):
-        return fingerprint, None
+        return head, None
     return head, body
 
 
 def digest_of(fingerprint: str) -> str:
     """The part of a content fingerprint that is compared."""
-    return _decode(fingerprint)[0]
+    return fingerprint.partition(SEP)[0]
 
 
 def differs(saved: str, now: str) -> bool:

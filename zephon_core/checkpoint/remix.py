@@ -98,11 +98,12 @@ def _op_mixture_key(head: list[str], current: Mapping[str, Any], ops: Sequence[A
 
 def prior_targets(prior: Prior, op: Any) -> tuple[float, ...] | None:
     """The old targets ``op`` keeps in a flush segment begun before the re-mix (None:
-    its own). States from before ``Prior.ops`` name only the source weights' targets."""
+    its own): its own old targets by name, else, for an operator that reads the source
+    weights (a custom one has no ``mixture_keys``), the old source weights."""
     for name, targets in prior.ops:
         if name == op.name:
             return targets
-    return prior.targets if not prior.ops and op.reads_source_weights else None
+    return prior.targets if op.reads_source_weights else None
 
 
 def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineState:

@@ -43,7 +43,7 @@ from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
 from .resize import accept_resized, resized, resized_refusal
 from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 
-__all__ = ["ALLOWED_CHANGES", "admit", "content_changes"]
+__all__ = ["ALLOWED_CHANGES", "admit", "allowed_changes", "content_changes"]
 
 #: what ``allow_changes=`` may name
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
@@ -64,7 +64,7 @@ def admit(
             allowed), or lane progress inconsistent with one global position.
         ConfigError: ``allow_changes`` names something unknown.
     """
-    allowed = _allowed(allow_changes)
+    allowed = allowed_changes(allow_changes)
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
@@ -72,21 +72,24 @@ def admit(
     if legacy is not None:  # written before functions were identified by content alone
         parsed = dataclasses.replace(parsed, config=legacy, fingerprint=fingerprint(legacy))
     same_config = parsed.fingerprint == plan.fingerprint
+    other: list[str] = []
+    mix: list[str] = []
+    comp: list[str] = []
+    if not same_config:
+        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
     changed = resized(parsed.config, plan.config)  # datasets of another length (resize.py)
     if changed and "data" not in allowed:  # the root cause first: the data's length
-        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
         raise resized_refusal(changed, parsed.content, plan.content, other + mix + comp)
     changed_fns = _check_content(
         parsed, plan, allowed, [] if same_config else config_diff(parsed.config, plan.config)
     )
-    if not same_config and allowed & REMIX_CHANGES:
+    # translate only what changed: a re-mix (which also takes resized datasets along) when
+    # the mixture did and may, else a resize alone; allowing more changes nothing else
+    remixing = bool(mix or comp) and bool(allowed & REMIX_CHANGES)
+    if remixing or (changed and not (other or mix or comp)):
         for ls in parsed.lanes.values():
-            check_chunk_digests(ls)  # the chunks as saved, before remix renumbers them
-        parsed = remix(parsed, plan, allowed)  # a deliberate change of the mixture
-    if changed and parsed.fingerprint != plan.fingerprint:  # allowed: "data" is in it
-        other, mix, comp, _ = classify_diff(parsed.config, plan.config, plan.source, plan.ops)
-        if not (other or mix or comp):
-            parsed = accept_resized(parsed, plan)
+            check_chunk_digests(ls)  # the chunks as saved, before they are translated
+        parsed = remix(parsed, plan, allowed) if remixing else accept_resized(parsed, plan)
     if parsed.fingerprint != plan.fingerprint:
         other, mix, comp = mixture_only_diff(parsed.config, plan.config, plan.source, plan.ops)
         diff = other + comp + mix
@@ -121,15 +124,21 @@ def admit(
     return parsed
 
 
-def _allowed(allow_changes: Iterable[str]) -> frozenset[str]:
+def allowed_changes(allow_changes: Iterable[str], where: str = "allow_changes") -> frozenset[str]:
+    """``allow_changes`` as a set of known names (a single string is one name); ``where``
+    names the argument in the error (integrations check theirs when they are built, so a
+    typo fails then, not at a resume hours later).
+
+    Raises:
+        ConfigError: an unknown name.
+    """
     if isinstance(allow_changes, str):
         allow_changes = (allow_changes,)
     allowed = frozenset(allow_changes)
     unknown = sorted(allowed - ALLOWED_CHANGES)
     if unknown:
         raise ConfigError(
-            f"allow_changes={sorted(allowed)}: unknown {unknown}; use any of "
-            f"{sorted(ALLOWED_CHANGES)}"
+            f"{where}={sorted(allowed)}: unknown {unknown}; use any of {sorted(ALLOWED_CHANGES)}"
         )
     return allowed
 

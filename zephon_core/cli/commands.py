@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from ..checkpoint.restore import ALLOWED_CHANGES
-from ..errors import ZephonError
+from ..checkpoint.restore import allowed_changes
+from ..errors import ConfigError, ZephonError
 from .checkpoints import read_state, summary
 from .compare import compare_states, remix_lines
 
@@ -137,14 +137,11 @@ def inspect(path: str, as_json: bool, trust_pickle: bool) -> None:
 
 
 def _allowed(value: str) -> list[str]:
-    names = sorted({n.strip() for n in value.split(",") if n.strip()})
-    unknown = [n for n in names if n not in ALLOWED_CHANGES]
-    if unknown:
-        raise click.BadParameter(
-            f"{unknown}: use any of {sorted(ALLOWED_CHANGES)}, comma-separated",
-            param_hint="--allow-changes",
-        )
-    return names
+    try:
+        names = allowed_changes({n.strip() for n in value.split(",") if n.strip()}, "--allow")
+    except ConfigError as e:
+        raise click.BadParameter(f"{e}, comma-separated", param_hint="--allow-changes") from e
+    return sorted(names)
 
 
 @cli.command()

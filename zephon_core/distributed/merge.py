@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checkpoint.content_diff import content_diff
 from ..checkpoint.state import LaneState, PipelineState, check_progress
 from ..errors import IncompatibleCheckpoint, TopologyError
 
@@ -71,10 +72,11 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
                 f"{reports[0].rank} (fingerprints {r.state.fingerprint} vs {first.fingerprint})"
             )
         if r.state.content != first.content:
+            differ = [c.text for c in content_diff(first.content or {}, r.state.content or {})]
             raise IncompatibleCheckpoint(
                 f"rank {r.rank} runs over other data or functions than rank {reports[0].rank} "
-                f"(content fingerprints {r.state.content} vs {first.content}); every rank must "
-                "read the same datasets with the same code"
+                f"({'; '.join(differ[:4]) or 'their content fingerprints differ'}); every "
+                "rank must read the same datasets with the same code"
             )
     layouts = {r.rank: r.dp_size for r in reports}
     if len(set(layouts.values())) > 1:

@@ -132,7 +132,11 @@ class LaneStream:
         if self.compact_outputs and i == self.plan.batch_index == len(self.plan.ops) - 1:
             op.compact = True  # the consumer builds the batch's tensors (token_batch.py)
         prior = self.prior
-        if prior is not None and segment_start < prior.chunk and op.mixture_keys:
+        if (
+            prior is not None
+            and segment_start < prior.chunk
+            and (op.mixture_keys or op.reads_source_weights)
+        ):
             targets = prior_targets(prior, op)
             if targets is not None:
                 op.set_targets(targets)

@@ -160,13 +160,6 @@ class Operator:
         return f"{self.name}@p{self.parallelism}"
 
 
-def callable_name(fn: Any) -> str:
-    """A stable, process-independent name for a user function (for fingerprints)."""
-    mod = getattr(fn, "__module__", None) or type(fn).__module__
-    qual = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{mod}.{qual}"
-
-
 def token_array(op: Operator, record: Record, key: str) -> Any:
     """``record.payload[key]`` checked to be a 1-D array (or list) of integer token ids.
 

@@ -42,6 +42,7 @@ from zephon_core.distributed.finite_end import is_finite
 from zephon_core.distributed.topology import validate
 from zephon_core.ops import BatchOp
 
+from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_dir import (
@@ -106,7 +107,7 @@ class ZephonCallback(TrainerCallback):
         self._factory = pipeline
         self.num_workers = num_workers
         self.resume_from = resume_from
-        self.allow_changes = frozenset(allow_changes)
+        self.allow_changes = checked(allow_changes, "ZephonCallback")
         self.train_dataset = ZephonRows()
         self.pipeline: Pipeline | None = None  # this process's pipeline in the running train()
         self.loader: ZephonDataLoader | None = None  # ... and the loader handle it reads
@@ -195,9 +196,10 @@ class ZephonCallback(TrainerCallback):
         self._layout, self._start_step, self._saved = layout, state.global_step, None
         if state.global_step > 0:  # the Trainer loaded a checkpoint's trainer_state.json
             path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
-            pipe.load_state_dict(
-                read_state(path), allow_changes=self.allow_changes, origin=str(path)
-            )
+            with named_in_refusals("ZephonCallback"):
+                pipe.load_state_dict(
+                    read_state(path), allow_changes=self.allow_changes, origin=str(path)
+                )
             warn_resume_gaps(
                 path, args.process_index, args.world_size, "ZephonCallback", bool(args.deepspeed)
             )

@@ -22,6 +22,7 @@ from transformers import Trainer
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
+from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_dir import (
@@ -76,7 +77,7 @@ class ZephonTrainer(Trainer):
         warn_ignored_options(self.args, self, "ZephonTrainer")
         self.add_callback(StreamEnd("ZephonTrainer"))
         self._zephon_factory = pipeline
-        self._zephon_allow_changes = frozenset(allow_changes)
+        self._zephon_allow_changes = checked(allow_changes, "ZephonTrainer")
         self.zephon_pipeline: Pipeline | None = None
         self.zephon_loader: ZephonDataLoader | None = None  # the handle of the running train()
         self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
@@ -136,9 +137,10 @@ class ZephonTrainer(Trainer):
         if path:
             state = read_state(path)
             # validated before any work
-            self._zephon().description().load_state_dict(
-                state, allow_changes=self._zephon_allow_changes, origin=str(path)
-            )
+            with named_in_refusals("ZephonTrainer"):
+                self._zephon().description().load_state_dict(
+                    state, allow_changes=self._zephon_allow_changes, origin=str(path)
+                )
             warn_resume_gaps(
                 str(path),
                 self.args.process_index,

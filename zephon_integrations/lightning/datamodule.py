@@ -45,9 +45,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from zephon_core import ConfigError, IncompatibleCheckpoint, Pipeline, ZephonDataLoader
-from zephon_core.checkpoint.restore import ALLOWED_CHANGES
+from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
+from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_hook import ZephonCheckpointHook
@@ -124,14 +124,7 @@ class ZephonDataModule(pl.LightningDataModule):
         self.log_every_n_steps = log_every_n_steps
         self.allow_fresh_start = allow_fresh_start
         self.restore_rng = restore_rng
-        names = (allow_changes,) if isinstance(allow_changes, str) else allow_changes
-        self.allow_changes = frozenset(names)
-        if self.allow_changes - ALLOWED_CHANGES:  # a typo fails here, not at the resume
-            raise ConfigError(
-                f"ZephonDataModule(allow_changes={sorted(self.allow_changes)}): unknown "
-                f"{sorted(self.allow_changes - ALLOWED_CHANGES)}; use any of "
-                f"{sorted(ALLOWED_CHANGES)}"
-            )
+        self.allow_changes = checked(allow_changes, "ZephonDataModule")
         self._val_fn = val_dataloader_fn
         if (
             val_dataloader_fn is None
@@ -186,14 +179,8 @@ class ZephonDataModule(pl.LightningDataModule):
 
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)
-        try:
+        with named_in_refusals("ZephonDataModule"):
             self.pipeline.description().load_state_dict(state, allow_changes=self.allow_changes)
-        except IncompatibleCheckpoint as e:
-            if "allow_changes" not in str(e):
-                raise
-            raise IncompatibleCheckpoint(
-                f"{e} (under Lightning: ZephonDataModule(..., allow_changes=...))"
-            ) from e
 
     def train_dataloader(self):
         if self.pipeline is None:

@@ -20,6 +20,8 @@ import copy
 from dataclasses import dataclass, is_dataclass
 from typing import Any
 
+from zephon_core import ConfigError
+
 # checkpoint["loops"]["fit_loop"] key -> attribute path from trainer.fit_loop (Lightning 2.x)
 _PROGRESS = {
     "epoch_progress": ("epoch_progress",),
@@ -53,12 +55,15 @@ def capture(trainer: Any) -> Counters:
     """The counters now, as the fit loop's ``state_dict()`` would give them."""
     fit = trainer.fit_loop
     values: dict[str, Any] = {}
-    for key, path in _PROGRESS.items():
-        obj = fit
-        for name in path:
-            obj = getattr(obj, name)
-        values[key] = _plain(obj)
-    values[_EPOCH_LOOP_STATE] = dict(fit.epoch_loop.on_save_checkpoint())
+    try:
+        for key, path in _PROGRESS.items():
+            obj = fit
+            for name in path:
+                obj = getattr(obj, name)
+            values[key] = _plain(obj)
+        values[_EPOCH_LOOP_STATE] = dict(fit.epoch_loop.on_save_checkpoint())
+    except AttributeError as e:
+        raise _unknown_layout(f"its fit loop has no {e.name!r}") from e
     return Counters(values, trainer.current_epoch)
 
 
@@ -76,6 +81,9 @@ def write(checkpoint: dict[str, Any], counters: Counters) -> None:
     fit = checkpoint.get("loops", {}).get("fit_loop")
     if not isinstance(fit, dict):
         return
+    missing = sorted(set(counters.values) - set(fit))
+    if missing:  # a renamed key: the checkpoint would keep the counters inside the window
+        raise _unknown_layout(f"its checkpoint has no fit_loop keys {missing}")
     for key, value in counters.values.items():
         if key == _EPOCH_LOOP_STATE:
             fit[key] = {**fit.get(key, {}), **value}
@@ -88,3 +96,14 @@ def write(checkpoint: dict[str, Any], counters: Counters) -> None:
 def _plain(obj: Any) -> Any:
     """``dataclasses.asdict`` for Lightning's progress dataclasses, without its cost."""
     return {k: _plain(v) if is_dataclass(v) else v for k, v in vars(obj).items()}
+
+
+def _unknown_layout(what: str) -> ConfigError:
+    import lightning
+
+    return ConfigError(
+        f"Lightning {lightning.__version__} keeps its loop progress differently ({what}), "
+        "so ZephonDataModule cannot write a checkpoint inside a gradient-accumulation "
+        "window as of the window's start. Use the Lightning version Zephon was tested "
+        "with (2.6), or save only at optimizer-step boundaries"
+    )

@@ -1,0 +1,34 @@
+"""``allow_changes`` as the integrations take it: checked when they are built, named in
+refusals.
+
+A refusal from the core says ``load_state_dict(state, allow_changes=...)``, which a
+Lightning or HF user never calls; the integrations pass their own argument through, so
+the refusal names that argument too. A typo is a ``ConfigError`` when the datamodule,
+callback or trainer is built, not at a resume hours into a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from zephon_core import IncompatibleCheckpoint
+from zephon_core.checkpoint.restore import allowed_changes
+
+__all__ = ["checked", "named_in_refusals"]
+
+
+def checked(allow_changes: Iterable[str], owner: str) -> frozenset[str]:
+    """The names, validated (``owner``: e.g. ``"ZephonCallback"``, for the message)."""
+    return allowed_changes(allow_changes, f"{owner}(allow_changes=...)")
+
+
+@contextmanager
+def named_in_refusals(owner: str) -> Iterator[None]:
+    """A refusal that offers ``allow_changes`` also names ``owner``'s argument."""
+    try:
+        yield
+    except IncompatibleCheckpoint as e:
+        if "allow_changes" not in str(e):
+            raise
+        raise IncompatibleCheckpoint(f"{e} (here: {owner}(..., allow_changes=...))") from e
