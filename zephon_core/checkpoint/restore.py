@@ -38,6 +38,7 @@ from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, Zep
 from ..validate import is_int
 from .content_diff import content_changes, content_diff
 from .fingerprint import config_diff, fingerprint, without_legacy_keys
+from .legacy_content import function_fix, is_legacy, still_differ
 from .provenance import version_note
 from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
 from .resize import accept_resized, resized, resized_refusal
@@ -162,6 +163,9 @@ def _check_content(
         for c in content_diff(state.content, plan.content)
         if c.kind != "data" or c.name not in _moved(state.config, plan.config)
     ]
+    legacy = is_legacy(state.content)
+    if changes and legacy:  # digested by an earlier release's rules (legacy_content.py)
+        changes = still_differ(changes, state.content, plan)
     refused = [c for c in changes if c.kind not in allowed]
     fns = [c.name for c in changes if c.kind == "functions"]
     if not refused:
@@ -176,6 +180,8 @@ def _check_content(
         "functions": "restore the function, or, if it behaves the same (a refactor, another "
         "Python version), pin it with map(..., version=...)",
     }
+    if legacy:
+        fixes["functions"] = function_fix(state.written_by)
     also = ""
     if config_lines:
         moved = [line for line in config_lines if _lengths_line(line)]
