@@ -6,14 +6,16 @@
 
 1. schema -- ``PipelineState.from_dict`` reads keys and types strictly;
 2. content -- a digest per component and per map/filter function (``content.py``),
-   named part by part when it differs (``content_diff.py``); ``allow_changes=
-   {"data"}`` / ``{"functions"}`` accept a deliberate change (positions continue,
-   values may differ). First, because a changed function or dataset also moves the
-   token lengths the pipeline estimated: the cause is reported, not the mixture;
+   named part by part when it differs (``content_diff.py``); for a state written
+   before per-part digests, recomputed by its release's rules first
+   (``legacy_content.py``); ``allow_changes={"data"}`` / ``{"functions"}`` accept a
+   deliberate change (positions continue, values may differ). First, because a
+   changed function or dataset also moves the token lengths the pipeline estimated:
+   the cause is reported, not the mixture;
 3. configuration -- the fingerprint, with a diff naming what differs
    (``allow_changes={"weights"}`` / ``{"weights", "components"}`` re-mix instead:
    ``remix.py``); a state whose configuration still names map/filter functions by
-   module (earlier versions) is read without those names;
+   module (earlier versions) was read without those names by ``from_dict``;
 4. progress -- lane progress consistent with one global position;
 5. ranges -- every lane field against this pipeline: the source state (validated by
    the lane's own WorkSource), each inflight chunk's rows inside their datasets,
@@ -37,7 +39,7 @@ from typing import Any
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
 from ..validate import is_int
 from .content_diff import content_changes, content_diff
-from .fingerprint import config_diff, fingerprint, without_legacy_keys
+from .fingerprint import config_diff
 from .legacy_content import function_fix, is_legacy, still_differ
 from .provenance import version_note
 from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
@@ -69,9 +71,6 @@ def admit(
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
-    legacy = without_legacy_keys(parsed.config)
-    if legacy is not None:  # written before functions were identified by content alone
-        parsed = dataclasses.replace(parsed, config=legacy, fingerprint=fingerprint(legacy))
     same_config = parsed.fingerprint == plan.fingerprint
     changed = resized(parsed.config, plan.config)  # datasets of another length (resize.py)
     if changed and "data" not in allowed:  # the root cause first: the data's length
