@@ -168,9 +168,7 @@ class Operator:
 def described_mixture_keys(described: Any) -> frozenset[str]:
     """The ``mixture_keys`` of the operator class a configuration entry (a ``describe()``)
     was written by, found by its ``"op"``; empty when no loaded class has mixture keys
-    under that name."""
-    from . import ensure_mixture  # noqa: F401 - the built-in one is always known
-
+    under that name (the built-in ones are loaded with ``zephon_core``)."""
     kind = described.get("op") if isinstance(described, dict) else None
     todo, seen = [Operator], set()
     while todo:
