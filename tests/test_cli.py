@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import reference_pipeline, worker_env
+from helpers import CODE, PROSE, byte_tokenize, make_docs, reference_pipeline, worker_env
 
 import zephon_core
+from zephon_core import Pipeline, StaticMixtureWorkSource
 from zephon_core.checkpoint import codec
 from zephon_core.testing import take
 
@@ -295,3 +296,131 @@ def test_diff_with_allowed_changes_says_whether_the_restore_accepts_and_what_it_
     assert data.returncode == 0 and "accepted (data): dataset 'prose'" in data.stdout
     bad = cli("diff", "state.zst", "remixed.zst", "--allow-changes", "everything", cwd=work)
     assert bad.returncode == 2 and "--allow-changes" in bad.stderr
+
+
+# -- zephon diff of two states decides as a real restore does -----------------------------
+
+
+def _restore_accepts(build, state: dict, allowed: set[str]) -> bool:
+    from zephon_core import IncompatibleCheckpoint
+
+    try:
+        build().load_state_dict(copy.deepcopy(state), allow_changes=allowed)
+    except IncompatibleCheckpoint:
+        return False
+    return True
+
+
+def _saved(pipe, path: Path, steps: int = 6) -> dict:
+    with pipe:
+        take(pipe, steps)
+        pipe.save(path)
+        return pipe.checkpoint()
+
+
+def _agree(tmp_path: Path, a: str, b: str, build_b, state_a: dict, allowed: set[str]) -> bool:
+    """``zephon diff a b --allow-changes ...`` decides as ``build_b().load_state_dict``."""
+    args = ["diff", a, b] + (["--allow-changes", ",".join(sorted(allowed))] if allowed else [])
+    r = cli(*args, cwd=tmp_path)
+    accepts = _restore_accepts(build_b, state_a, allowed)
+    assert r.returncode == (0 if accepts else 1), (allowed, accepts, r.stdout, r.stderr)
+    return accepts
+
+
+def test_diff_reads_a_state_the_previous_release_wrote_as_a_restore_does(tmp_path):
+    """main at 03a95f2 named map functions in the configuration (ops[1].fn)."""
+    import golden
+
+    old = golden.DATA / "main-03a95f2.state"
+    _saved(golden.build(), tmp_path / "new.state", golden.CUT)
+    state = Pipeline.load(old)
+    assert "fn" in state["config"]["ops"][1]
+    assert _agree(tmp_path, str(old), "new.state", golden.build, state, set())
+    r = cli("diff", str(old), "new.state", cwd=tmp_path)
+    assert "same configuration and content" in r.stdout and "absent now" not in r.stdout
+    assert cli("diff", "new.state", str(old), cwd=tmp_path).returncode == 0
+    info = json.loads(cli("inspect", str(old), "--json", cwd=tmp_path).stdout)
+    assert all("fn" not in op for op in info["config"]["ops"] if isinstance(op, dict))
+
+
+EXTRA = make_docs(40, 5, 300, 3, "e")
+
+
+def _mixed(datasets: dict, mixture) -> Pipeline:
+    src = StaticMixtureWorkSource(
+        {k: v for k, (v, _) in datasets.items()},
+        {k: w for k, (_, w) in datasets.items()},
+        chunk_size=8,
+        seed=7,
+    )
+    return (
+        Pipeline(src, canonical_replicas=2, flush_every_k_chunks=2, seed=11, prefetch=0)
+        .fetch()
+        .map(byte_tokenize, name="tokenize")
+        .split(max_len=64)
+        .pack(seq_len=64)
+        .ensure_mixture(weights=mixture, window=4)
+        .batch(batch_size=2)
+    )
+
+
+def _two():
+    return _mixed({"prose": (PROSE, 0.7), "code": (CODE, 0.3)}, {"prose": 0.7, "code": 0.3})
+
+
+def _three():
+    return _mixed(
+        {"prose": (PROSE, 0.5), "code": (CODE, 0.3), "extra": (EXTRA, 0.2)},
+        {"prose": 0.5, "code": 0.3, "extra": 0.2},
+    )
+
+
+def test_diff_of_states_with_ensure_mixture_weights_and_an_added_dataset(tmp_path):
+    state = _saved(_two(), tmp_path / "two.state")
+    _saved(_three(), tmp_path / "three.state")
+    decided = {
+        frozenset(allowed): _agree(tmp_path, "two.state", "three.state", _three, state, allowed)
+        for allowed in ({"weights", "components"}, {"weights"}, set())
+    }
+    assert decided == {
+        frozenset({"weights", "components"}): True,
+        frozenset({"weights"}): False,
+        frozenset(): False,
+    }
+    r = cli("diff", "two.state", "three.state", cwd=tmp_path)
+    assert "--allow-changes weights,components re-mixes" in r.stdout
+
+
+def _resized(rows: list[dict]):
+    return _mixed({"prose": (rows, 0.7), "code": (CODE, 0.3)}, None)
+
+
+def test_diff_of_states_over_a_resized_dataset_with_allow_changes_data(tmp_path):
+    state = _saved(_resized(PROSE), tmp_path / "before.state")
+    longer = PROSE + make_docs(10, 5, 300, 4, "q")
+    _saved(_resized(longer), tmp_path / "after.state")
+    build = lambda: _resized(longer)  # noqa: E731
+    assert _agree(tmp_path, "before.state", "after.state", build, state, {"data"})
+    assert not _agree(tmp_path, "before.state", "after.state", build, state, set())
+    ok = cli("diff", "before.state", "after.state", "--allow-changes", "data", cwd=tmp_path)
+    assert "accepted (data): dataset 'prose' 160 -> 170 rows" in ok.stdout
+    refused = cli("diff", "before.state", "after.state", cwd=tmp_path)
+    assert "--allow-changes data" in refused.stdout
+
+
+def test_diff_of_a_state_digested_by_the_previous_release_points_at_the_pipeline(tmp_path):
+    """Its function digests are 03a95f2's (golden_captures.py): two states cannot tell
+    whether the function changed, the pipeline can."""
+    import golden_captures as gc
+
+    old = gc.DATA / f"{gc.name('dict')}.state"
+    _saved(gc.build("dict"), tmp_path / "new.state", 9)
+    two = cli("diff", str(old), "new.state", cwd=tmp_path)
+    assert two.returncode == 1 and "function of operator 'tokenize'" in two.stdout
+    assert "zephon diff A module:function decides" in two.stdout
+    (tmp_path / "captures.py").write_text(
+        "import golden_captures\n\ndef build():\n    return golden_captures.build('dict')\n"
+    )
+    same_python = gc.recorded("dict")["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    with_pipeline = cli("diff", str(old), "captures.py:build", cwd=tmp_path)
+    assert with_pipeline.returncode == (0 if same_python else 1), with_pipeline.stdout

@@ -15,7 +15,7 @@ import pytest
 
 from zephon_core import IncompatibleCheckpoint, Pipeline, __version__
 from zephon_core.checkpoint.fingerprint import fingerprint
-from zephon_core.checkpoint.state import VERSION
+from zephon_core.checkpoint.state import VERSION, PipelineState
 from zephon_core.testing import take
 
 
@@ -92,3 +92,13 @@ def test_a_newer_schema_names_the_release_that_wrote_it(state):
     msg = str(e.value)
     assert f"schema version {VERSION + 1} (written by Zephon 9.0.0)" in msg
     assert f"this Zephon ({__version__}) reads versions 1 to {VERSION}" in msg
+
+
+def test_every_reader_sees_the_previous_releases_configuration_migrated(state):
+    """main at 03a95f2 named map functions by module (``ops[1].fn``); from_dict reads the
+    state without them, so a restore, the CLI and a merge see this release's config."""
+    raw = Pipeline.load(golden.DATA / "main-03a95f2.state")
+    assert raw["config"]["ops"][1]["fn"] == "golden.tokenize"
+    parsed = PipelineState.from_dict(raw)
+    assert "fn" not in parsed.config["ops"][1]
+    assert parsed.fingerprint == state["fingerprint"] == fingerprint(parsed.config)

@@ -15,12 +15,25 @@ A use that is anything else (the object passed on, iterated, written, a method c
 a key computed at run time) is the empty path: the whole object counts. Only byte code
 is read; nothing runs. Unknown instructions (another Python version) end a path early,
 which is the safe direction: more of the object counts, never less.
+
+Byte code differs between the Pythons we support, and each form is read:
+
+* a method loaded for a call -- ``LOAD_METHOD`` up to 3.11; from 3.12 a ``LOAD_ATTR``
+  whose argument has its low bit set (``dis`` shows ``NULL|self + get``), which must
+  not be read as the field ``.get``;
+* the call -- ``CALL_METHOD`` (3.10), ``PRECALL`` + ``CALL`` (3.11), ``CALL`` (3.12 on);
+* a closure handed to a nested function -- ``LOAD_CLOSURE`` up to 3.12; from 3.13 a
+  ``LOAD_FAST`` of the cell (a cell or free variable is never read by ``LOAD_FAST``
+  otherwise: its value is ``LOAD_DEREF``);
+* a local loaded by a combined instruction (3.13: ``STORE_FAST_LOAD_FAST``,
+  ``LOAD_FAST_LOAD_FAST``): the accesses that follow apply to its last variable.
 """
 
 from __future__ import annotations
 
 import dis
 import functools
+import sys
 import types
 from typing import Any
 
@@ -34,7 +47,9 @@ _SKIP = frozenset({"EXTENDED_ARG", "NOP", "CACHE"})
 #: builtins that reach variables without naming them in byte code (``super()`` reads the
 #: first argument, ``locals()`` every variable): their presence makes any use whole
 _DYNAMIC = frozenset({"super", "locals", "vars", "globals", "eval", "exec"})
-_CALL = frozenset({"PRECALL", "CALL"})
+_CALL = frozenset({"CALL_METHOD", "PRECALL", "CALL"})
+#: from 3.12, ``LOAD_ATTR`` also loads methods: the low bit of its argument says so
+_ATTR_LOADS_METHODS = sys.version_info >= (3, 12)
 _SIMPLE_LOAD = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL"})
 #: the plain loads of a variable, whose following accesses make a path
 _LOADS = {
@@ -42,6 +57,8 @@ _LOADS = {
     "cell": frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF"}),
     "local": frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"}),
 }
+#: combined instructions of 3.13 whose last step loads a local
+_LOADS_LAST = frozenset({"LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST"})
 #: instructions that name a variable without using its value (a cell being made or
 #: handed to a nested function, whose own code is read instead)
 _NOT_A_USE = frozenset({"MAKE_CELL", "LOAD_CLOSURE", "COPY_FREE_VARS"})
@@ -85,18 +102,35 @@ def _paths(code: types.CodeType, name: str, kind: str, nested: bool) -> list[Pat
     ins = _instructions(code)
     loads = _LOADS[kind]
     out: list[Path] = []
+    cells = frozenset(code.co_cellvars) | frozenset(code.co_freevars)
     for at, i in enumerate(ins):
         if not _names(i, name):
             continue
-        if i.opname in loads and i.argval == name:
+        if (i.opname in loads and i.argval == name) or _loads_last(i, name, kind):
             out.append(_path_after(ins, at + 1))
-        elif i.opname not in _NOT_A_USE:
+        elif i.opname in _NOT_A_USE or (i.opname == "LOAD_FAST" and name in cells):
+            continue  # a cell handed to a nested function (3.13 loads it with LOAD_FAST)
+        else:
             out.append(())
     if nested:
         for c in code.co_consts:
             if isinstance(c, types.CodeType):
                 out += _paths(c, name, kind, nested)
     return out
+
+
+def _loads_last(i: dis.Instruction, name: str, kind: str) -> bool:
+    """A combined instruction (3.13: ``LOAD_FAST_LOAD_FAST``, ``STORE_FAST_LOAD_FAST``)
+    whose last step loads the local ``name``, and nothing else of it: ``name`` is then on
+    top of the stack, where the accesses that follow apply."""
+    v = i.argval
+    return (
+        kind == "local"
+        and i.opname in _LOADS_LAST
+        and isinstance(v, tuple)
+        and v[-1:] == (name,)
+        and name not in v[:-1]
+    )
 
 
 def _names(i: dis.Instruction, name: str) -> bool:
@@ -118,15 +152,16 @@ def _path_after(ins: tuple[dis.Instruction, ...], at: int) -> Path:
     path: list[Step] = []
     while at < len(ins):
         i = ins[at]
+        method = _method(i)
+        if method is not None:
+            key = _get_key(ins, at + 1) if method == "get" else None
+            if key is not None:
+                path.append(("get", key[0]))
+            break  # any other method: called on the object at ``path``
         if i.opname == "LOAD_ATTR" and isinstance(i.argval, str):
             path.append(("attr", i.argval))
             at += 1
             continue
-        if i.opname == "LOAD_METHOD" and i.argval == "get":
-            key = _get_key(ins, at + 1)
-            if key is not None:
-                path.append(("get", key[0]))
-            break  # any other method: called on the object at ``path``
         nxt = ins[at + 1] if at + 1 < len(ins) else None
         if i.opname == "LOAD_CONST" and nxt is not None and nxt.opname == "BINARY_SUBSCR":
             path.append(("key", i.argval))
@@ -134,6 +169,15 @@ def _path_after(ins: tuple[dis.Instruction, ...], at: int) -> Path:
             continue
         break
     return tuple(path)
+
+
+def _method(i: dis.Instruction) -> str | None:
+    """The name of the method ``i`` loads for a call, or None (not a method load)."""
+    if i.opname == "LOAD_METHOD":
+        return str(i.argval)
+    if _ATTR_LOADS_METHODS and i.opname == "LOAD_ATTR" and (i.arg or 0) & 1:
+        return str(i.argval)
+    return None
 
 
 def _get_key(ins: tuple[dis.Instruction, ...], at: int) -> tuple[Any] | None:

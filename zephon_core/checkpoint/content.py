@@ -39,7 +39,7 @@ is refused as "code differs", naming ``version=`` as the way to vouch for a refa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..rng import derive_seed
@@ -80,8 +80,12 @@ def content_fingerprints(source: Any, ops: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def component_fingerprint(dataset: Any, read: Any, length: int, key: int) -> str:
-    """Digest of one component; ``read(rows)`` reads rows with one batched read."""
+def component_fingerprint(
+    dataset: Any, read: Any, length: int, key: int, hasher: Callable[[], Any] = Budgeted
+) -> str:
+    """Digest of one component; ``read(rows)`` reads rows with one batched read.
+    ``hasher``: the walk its rows are digested by (``legacy_digest.Budgeted``: as states
+    written before per-part digests hold them)."""
     own = getattr(dataset, "zephon_fingerprint", None)
     if callable(own):
         return "user:" + str(own())
@@ -94,7 +98,7 @@ def component_fingerprint(dataset: Any, read: Any, length: int, key: int) -> str
         picks = {0, length - 1}
         picks.update(derive_seed(key, "content", i) % length for i in range(SAMPLED_ROWS))
         rows = sorted(picks)
-    h = Budgeted()
+    h = hasher()
     h.walk(length)
     for r, value in zip(rows, read(rows)):
         h.walk(r)

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, IncompatibleCheckpoint
+from ..ops.base import described_mixture_keys
 from ..sources.chunk import WorkChunk
 from .fingerprint import config_diff
 from .resize import accept_resized, resize_lines, resized, resized_refusal
@@ -85,15 +86,20 @@ def classify_diff(
 
 
 def _op_mixture_key(head: list[str], current: Mapping[str, Any], ops: Sequence[Any]) -> bool:
-    """Whether a diff path (split at dots) is ``ops[i].<a mixture key of operator i>``."""
+    """Whether a diff path (split at dots) is ``ops[i].<a mixture key of operator i>``:
+    by the live operators ``ops`` when given, else by operator i's description (its
+    ``"op"`` kind), so two states compare as a restore would (``zephon diff``)."""
     if len(head) < 2 or not head[0].startswith("ops[") or not head[0].endswith("]"):
         return False
     try:
-        name = current["ops"][int(head[0][4:-1])]["name"]
+        described = current["ops"][int(head[0][4:-1])]
+        name = described["name"]
     except (KeyError, IndexError, TypeError, ValueError):
         return False
     key = head[1].split("[", 1)[0]
-    return any(op.name == name and key in op.mixture_keys for op in ops)
+    if any(op.name == name and key in op.mixture_keys for op in ops):
+        return True
+    return key in described_mixture_keys(described)
 
 
 def prior_targets(prior: Prior, op: Any) -> tuple[float, ...] | None:

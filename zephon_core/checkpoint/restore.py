@@ -6,14 +6,16 @@
 
 1. schema -- ``PipelineState.from_dict`` reads keys and types strictly;
 2. content -- a digest per component and per map/filter function (``content.py``),
-   named part by part when it differs (``content_diff.py``); ``allow_changes=
-   {"data"}`` / ``{"functions"}`` accept a deliberate change (positions continue,
-   values may differ). First, because a changed function or dataset also moves the
-   token lengths the pipeline estimated: the cause is reported, not the mixture;
+   named part by part when it differs (``content_diff.py``); for a state written
+   before per-part digests, recomputed by its release's rules first
+   (``legacy_content.py``); ``allow_changes={"data"}`` / ``{"functions"}`` accept a
+   deliberate change (positions continue, values may differ). First, because a
+   changed function or dataset also moves the token lengths the pipeline estimated:
+   the cause is reported, not the mixture;
 3. configuration -- the fingerprint, with a diff naming what differs
    (``allow_changes={"weights"}`` / ``{"weights", "components"}`` re-mix instead:
    ``remix.py``); a state whose configuration still names map/filter functions by
-   module (earlier versions) is read without those names;
+   module (earlier versions) was read without those names by ``from_dict``;
 4. progress -- lane progress consistent with one global position;
 5. ranges -- every lane field against this pipeline: the source state (validated by
    the lane's own WorkSource), each inflight chunk's rows inside their datasets,
@@ -37,7 +39,8 @@ from typing import Any
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
 from ..validate import is_int
 from .content_diff import content_changes, content_diff
-from .fingerprint import config_diff, fingerprint, without_legacy_keys
+from .fingerprint import config_diff
+from .legacy_content import function_fix, is_legacy, still_differ
 from .provenance import version_note
 from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
 from .resize import accept_resized, resized, resized_refusal
@@ -68,9 +71,6 @@ def admit(
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
     if origin is not None:
         parsed = dataclasses.replace(parsed, origin=origin)
-    legacy = without_legacy_keys(parsed.config)
-    if legacy is not None:  # written before functions were identified by content alone
-        parsed = dataclasses.replace(parsed, config=legacy, fingerprint=fingerprint(legacy))
     same_config = parsed.fingerprint == plan.fingerprint
     other: list[str] = []
     mix: list[str] = []
@@ -171,6 +171,9 @@ def _check_content(
         for c in content_diff(state.content, plan.content)
         if c.kind != "data" or c.name not in _moved(state.config, plan.config)
     ]
+    legacy = is_legacy(state.content)
+    if changes and legacy:  # digested by an earlier release's rules (legacy_content.py)
+        changes = still_differ(changes, state.content, plan)
     refused = [c for c in changes if c.kind not in allowed]
     fns = [c.name for c in changes if c.kind == "functions"]
     if not refused:
@@ -185,6 +188,8 @@ def _check_content(
         "functions": "restore the function, or, if it behaves the same (a refactor, another "
         "Python version), pin it with map(..., version=...)",
     }
+    if legacy:
+        fixes["functions"] = function_fix(state.written_by)
     also = ""
     if config_lines:
         moved = [line for line in config_lines if _lengths_line(line)]

@@ -21,6 +21,10 @@ Since schema version 3 a state also names the Zephon that wrote it (``zephon_ver
 so a refusal can say which release can resume it (``provenance.py``). Older states are
 still read: version 2 (without ``zephon_version`` and ``chunk_digests``) exactly as
 before; version 1 (also without ``content`` and ``digest``) without the content checks.
+States of releases that named map/filter functions in the configuration (``ops[i].fn``,
+a ``module.qualname``) are read without those names, their fingerprint recomputed: the
+content digest identifies a function now. Every reader (a restore, ``zephon inspect`` /
+``diff``, a merge of lane states) sees the migrated configuration.
 
 ``to_dict()`` and ``from_dict()`` copy every container, so a state handed out never
 shares anything with a running pipeline, and editing it changes nothing else.
@@ -46,6 +50,7 @@ from ..errors import ContractViolation, CorruptCheckpoint, IncompatibleCheckpoin
 from ..records import SampleCursor
 from ..sources.chunk import WorkChunk
 from ..validate import is_int
+from .fingerprint import fingerprint, without_legacy_keys
 from .value_digest import Deferred, resolve
 
 FORMAT = "zephon.pipeline_state"
@@ -355,9 +360,13 @@ class PipelineState:
                 "restoring a version-1 Zephon state: it has no content fingerprints, "
                 "so changed data or functions cannot be detected"
             )
+        config, fp = plain_copy(d["config"]), d["fingerprint"]
+        migrated = without_legacy_keys(config)
+        if migrated is not None:  # functions named by module: see the module docstring
+            config, fp = migrated, fingerprint(migrated)
         return cls(
-            d["fingerprint"],
-            plain_copy(d["config"]),
+            fp,
+            config,
             _int(d["position"], "position"),
             lanes,
             content,

@@ -3,7 +3,8 @@ what a restore with ``allow_changes`` would do.
 
 Between two checkpoints there is no pipeline, so the comparison is the restore's own
 first steps on the two configurations and content digests (``checkpoint/remix.py``
-``mixture_only_diff``, ``checkpoint/restore.py`` ``content_changes``). The re-mix itself
+``classify_diff``: mixture, datasets added or removed, datasets of another length, the
+rest; ``checkpoint/restore.py`` ``content_changes``). The re-mix itself
 (cursors translated per dataset, inflight chunks renumbered) needs the pipeline: ``zephon
 diff STATE module:function --allow-changes ...`` runs the restore's admission in full.
 """
@@ -14,8 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..checkpoint.fingerprint import config_diff
+from ..checkpoint.legacy_content import is_legacy
 from ..checkpoint.provenance import writer
-from ..checkpoint.remix import REMIX_CHANGES, mixture_only_diff
+from ..checkpoint.remix import REMIX_CHANGES, classify_diff
+from ..checkpoint.resize import resized
 from ..checkpoint.restore import content_changes
 from ..checkpoint.state import PipelineState
 
@@ -25,9 +28,11 @@ def compare_states(
 ) -> tuple[bool, list[str]]:
     """(whether a pipeline configured as ``b`` accepts ``a`` under ``allowed``, the lines
     that say why or what the restore would change)."""
-    other, mix, comp = mixture_only_diff(a.config, b.config, _source_type(b.config))
+    other, mix, comp, lengths = classify_diff(a.config, b.config, _source_type(b.config))
     changes = content_changes(a.content or {}, b.content or {})
     refused = list(other)
+    if lengths and "data" not in allowed:
+        refused += lengths  # datasets of another length: a data change (resize.py)
     if comp and "components" not in allowed:
         refused += comp  # the rule remix() applies
     if mix and not set(allowed) & REMIX_CHANGES:
@@ -42,9 +47,20 @@ def compare_states(
     )
     if refused:
         hint = []
-        if not other and (mix or comp):
+        if not other and not lengths and (mix or comp):
             needed = ["weights"] + (["components"] if comp else [])
             hint = [f"(only the mixture differs: --allow-changes {','.join(needed)} re-mixes)"]
+        if lengths and "data" not in allowed:
+            hint.append(
+                "(datasets changed length: their data changed; --allow-changes data "
+                "continues over the new rows)"
+            )
+        if a.content is not None and is_legacy(a.content) and any(changes.values()):
+            hint.append(
+                "(A was written before per-part digests, by rules this release recomputes "
+                "from the pipeline only: zephon diff A module:function decides whether its "
+                "functions and datasets changed)"
+            )
         return False, refused + writers + hint
     if not (config_diff(a.config, b.config) or changes["data"] or changes["functions"]):
         return True, ["same configuration and content: B restores A's state exactly", *writers]
@@ -65,7 +81,7 @@ def remix_lines(
     allowed: Sequence[str],
 ) -> list[str]:
     """What restoring ``a`` into a pipeline of ``config`` / ``content`` changes."""
-    _, mix, comp = mixture_only_diff(a.config, config, source or _source_type(config))
+    _, mix, comp, _ = classify_diff(a.config, config, source or _source_type(config))
     lines: list[str] = []
     if mix or comp:
         lines += _shares(a.config.get("source") or {}, config.get("source") or {})
@@ -76,6 +92,12 @@ def remix_lines(
             f"the {inflight} inflight chunks replay as written (nothing delivered comes "
             "again, nothing is skipped); later chunks follow the new weights"
         )
+    if "data" in allowed:
+        lines += [
+            f"accepted (data): dataset {name!r} {before} -> {after} rows; it keeps its "
+            "position, the epoch in progress is drawn again over the new rows"
+            for name, before, after in resized(a.config, config)
+        ]
     changes = content_changes(a.content or {}, content)
     for kind in ("data", "functions"):
         if kind in allowed:

@@ -113,6 +113,11 @@ class Operator:
     #: them. Such operators implement ``set_targets`` and ``targets_from``.
     mixture_keys: frozenset[str] = frozenset()
 
+    #: the ``"op"`` its ``describe()`` names, when that is not the class name: a
+    #: configuration read without live operators (``zephon diff`` of two states) finds an
+    #: operator's ``mixture_keys`` by it (:func:`described_mixture_keys`)
+    described_as: str | None = None
+
     def set_targets(self, weights: tuple[float, ...]) -> None:
         """Use ``weights`` (normalized, in component order) as the mixture targets."""
         raise NotImplementedError(f"{type(self).__name__} has no mixture targets")
@@ -158,6 +163,23 @@ class Operator:
 
     def label(self) -> str:
         return f"{self.name}@p{self.parallelism}"
+
+
+def described_mixture_keys(described: Any) -> frozenset[str]:
+    """The ``mixture_keys`` of the operator class a configuration entry (a ``describe()``)
+    was written by, found by its ``"op"``; empty when no loaded class has mixture keys
+    under that name (the built-in ones are loaded with ``zephon_core``)."""
+    kind = described.get("op") if isinstance(described, dict) else None
+    todo, seen = [Operator], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        if cls.mixture_keys and kind == (cls.described_as or cls.__name__):
+            return cls.mixture_keys
+    return frozenset()
 
 
 def token_array(op: Operator, record: Record, key: str) -> Any:

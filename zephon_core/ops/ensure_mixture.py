@@ -56,6 +56,7 @@ class EnsureMixtureOp(Operator):
 
     #: its ``weights=`` may change at a re-mix, like the source's (``checkpoint/remix.py``)
     mixture_keys = frozenset({"weights"})
+    described_as = "ensure_mixture"
 
     @property
     def reads_source_weights(self) -> bool:  # type: ignore[override]
@@ -142,7 +143,7 @@ class EnsureMixtureOp(Operator):
         elif w is not None:
             w = [float(x) for x in w]
         return {
-            "op": "ensure_mixture",
+            "op": self.described_as,
             "name": self.name,
             "weights": w,
             "window": self.window,

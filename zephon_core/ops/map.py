@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..checkpoint.content import function_fingerprint, function_parts
+from ..checkpoint.legacy_digest import function_fingerprint as legacy_fingerprint
 from ..errors import ContractViolation
 from ..records import Record
 from .base import Operator, OpTraits
@@ -64,3 +65,7 @@ class MapOp(Operator):
     def content_parts(self) -> dict[str, str]:
         """The fingerprint piece by piece, for refusals that name what changed."""
         return function_parts(self.fn, self.version)
+
+    def legacy_content_fingerprint(self) -> str:
+        """The digest states written before per-part digests hold (``legacy_digest.py``)."""
+        return legacy_fingerprint(self.fn, self.version)

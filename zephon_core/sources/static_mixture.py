@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.content import component_fingerprint
+from ..checkpoint.legacy_digest import Budgeted as LegacyBudgeted
 from ..errors import ConfigError, CorruptCheckpoint, PipelineError
 from ..rng import derive_seed
 from ..validate import bool_arg, int_arg, weight_vector
@@ -341,6 +342,18 @@ class StaticMixtureWorkSource:
                     operator="fingerprint",
                 ) from e
         return out
+
+    def legacy_content_fingerprint(self, name: str) -> str:
+        """Dataset ``name``'s digest as states written before per-part digests hold it
+        (``checkpoint/legacy_content.py``; read only to restore such a state)."""
+        d = self.component_names.index(name)
+        return component_fingerprint(
+            self._datasets[d],
+            lambda rows: self.read(d, rows),
+            self.lengths[d],
+            derive_seed(self.seed, d),
+            hasher=LegacyBudgeted,
+        )
 
     def check_chunk(self, chunk: WorkChunk) -> None:
         """Raise ``CorruptCheckpoint`` unless a restored chunk fits these datasets."""
