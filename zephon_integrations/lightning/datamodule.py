@@ -77,9 +77,11 @@ class ZephonDataModule(pl.LightningDataModule):
         pipeline: a Pipeline or a zero-argument factory returning one.
         num_workers: DataLoader worker processes per rank.
         pin_memory: forwarded to the DataLoader.
-        aggregate_dir / aggregate_store / aggregate_timeout_s: how ranks merge lane
-            states in ``state_dict()`` (see ``Pipeline``); with several ranks and none
+        aggregate_dir: how ranks merge lane states in ``state_dict()`` (see
+            ``Pipeline``); with several ranks and neither this nor ``aggregate_store``
             given, the process group's store (``"torch://"``) is used.
+        aggregate_store: see ``aggregate_dir``.
+        aggregate_timeout_s: one time budget for a whole aggregation round.
         log_every_n_steps: how often data metrics go to the trainer's logger (0: never).
         val_dataloader_fn: optional zero-argument factory of a validation DataLoader.
         allow_fresh_start: resume from a checkpoint without Zephon state by starting the
