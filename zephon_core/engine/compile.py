@@ -32,8 +32,8 @@ from ..rng import derive_seed
 from ..validate import int_arg
 from .cores import core_share, resolve_parallelism
 from .length_estimate import estimate_lengths
-from .processes import check_shippable
 from .replay_filter import ReplayFilter
+from .shipping import check_shippable
 
 log = logging.getLogger(__name__)
 
