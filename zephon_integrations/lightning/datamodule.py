@@ -49,7 +49,6 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
-from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_hook import ZephonCheckpointHook
 from .steps import StepTracker
 
@@ -142,7 +141,6 @@ class ZephonDataModule(pl.LightningDataModule):
         self.steps = StepTracker(restore_rng)  # micro-steps, their RNG, the last boundary
         self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
-        self._cache_off: list[Any] = []  # model configs whose KV cache fit turned off
 
     # -- building -------------------------------------------------------------------
     def _build(self) -> Pipeline:
@@ -167,17 +165,6 @@ class ZephonDataModule(pl.LightningDataModule):
             self.pipeline = self._build()
             if self._restore is not None:
                 self._validate(self._restore)
-
-    def _turn_cache_off(self, module: Any) -> None:
-        """Packed rows told apart by position_ids: no KV cache (``packed_cache.py``);
-        called by the hook at fit start, once every model of the module exists, and
-        undone at fit end (``_restore_cache``)."""
-        if self.pipeline is not None:
-            self._cache_off = turn_cache_off(module, self.pipeline)
-
-    def _restore_cache(self) -> None:
-        restore_cache(self._cache_off)
-        self._cache_off = []
 
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)
