@@ -7,12 +7,17 @@ is restored in O(1) from a small state dict.
 
 from __future__ import annotations
 
-from ..chunk import WorkChunk
-from .base import SourceSpec, WorkSource
-from .parquet import ParquetComponent, parquet_component
-from .permutation import KeyedPermutation
-from .schedule import WeightSchedule
-from .static_mixture import StaticMixtureWorkSource
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ..chunk import WorkChunk
+    from .base import SourceSpec, WorkSource
+    from .parquet import ParquetComponent, parquet_component
+    from .permutation import KeyedPermutation
+    from .schedule import WeightSchedule
+    from .static_mixture import StaticMixtureWorkSource
 
 __all__ = [
     "KeyedPermutation",
@@ -24,3 +29,15 @@ __all__ = [
     "WorkSource",
     "parquet_component",
 ]
+
+_WHERE = {
+    "WorkChunk": "..chunk",
+    "SourceSpec": ".base",
+    "WorkSource": ".base",
+    "ParquetComponent": ".parquet",
+    "parquet_component": ".parquet",
+    "KeyedPermutation": ".permutation",
+    "WeightSchedule": ".schedule",
+    "StaticMixtureWorkSource": ".static_mixture",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
