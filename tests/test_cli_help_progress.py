@@ -16,6 +16,7 @@ import threading
 from click.testing import CliRunner
 
 from zephon_core.cli.commands import cli
+from zephon_core.progress import progress_bar
 from zephon_core.sources.convert import jsonl_to_parquet
 
 
@@ -88,3 +89,14 @@ def test_convert_on_a_terminal_shows_a_bar_with_the_rows_of_the_shard(tmp_path):
     assert "\r" in text  # redrawn in place: a bar, not lines
     assert "converting to Parquet" in text and "2/2" in text
     assert "part-0.jsonl: 4 rows" in text and "part-1.jsonl: 5 rows" in text
+
+
+def test_progress_lines_into_a_pipe_are_about_a_hundred_for_many_items(capsys):
+    bar = progress_bar(250, "indexing Parquet footers", "shard", show=True)
+    for _ in range(250):
+        bar.update(1)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 125  # every 2nd of 250
+    assert lines[0] == "indexing Parquet footers: 2/250 shards"
+    assert lines[-1] == "indexing Parquet footers: 250/250 shards"

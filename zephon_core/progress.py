@@ -4,8 +4,8 @@ On a terminal: a tqdm bar (the ``parquet``/``s3``/``cli`` extras bring tqdm) who
 postfix shows the current item's progress (``note``), e.g. the rows of the shard being
 converted. Elsewhere -- a pipe, a log file, a CI job -- a bar's carriage returns turn
 into one garbled line, so each finished item is one plain line instead
-(``converting to Parquet: 2/7 shards (b.jsonl.zst: 12,345 rows)``); so is a terminal
-without tqdm. ``show=False`` shows nothing.
+(``converting to Parquet: 2/7 shards (b.jsonl.zst: 12,345 rows)``), at most about 100
+of them; so is a terminal without tqdm. ``show=False`` shows nothing.
 """
 
 from __future__ import annotations
@@ -46,13 +46,17 @@ class _Bar(_NoBar):
 
 
 class _Lines(_NoBar):
-    """One line per ``update``, flushed (a pipe is block-buffered)."""
+    """A line per ``update``, flushed (a pipe is block-buffered); at most about 100 lines
+    in all (every ``total // 100`` items: indexing 10,000 footers is 100 lines)."""
 
     def __init__(self, total: int, desc: str, unit: str):
         self.done, self.total, self.desc, self.unit = 0, total, desc, unit
+        self.every = max(1, total // 100)
 
     def update(self, n: int = 1, note: str | None = None) -> None:
-        self.done += n
+        before, self.done = self.done, self.done + n
+        if self.done < self.total and self.done // self.every == before // self.every:
+            return
         unit = self.unit if self.total == 1 else f"{self.unit}s"
         tail = f" ({note})" if note else ""
         sys.stderr.write(f"{self.desc}: {self.done}/{self.total} {unit}{tail}\n")
