@@ -7,8 +7,8 @@
   and the last) and remembers where the demo is;
 * SIGTERM and SIGINT stop the demo at once, inside the step that is running: the
   handler raises :class:`Stopped` (a ``BaseException``, so no library's
-  ``except Exception`` swallows it; Lightning and the HF Trainer run their exception
-  hooks and close the loaders on the way out); ``stoppable()`` turns it into one line
+  ``except Exception`` swallows it; Lightning runs its exception hooks and tears the
+  fit down, closing the loaders, on the way out); ``stoppable()`` turns it into one line
   on stderr, "stopped by SIGTERM during run A, after step 12 of 300", and exit status
   128 + the signal number, with no traceback, once the block has unwound. A second
   signal exits at once.
