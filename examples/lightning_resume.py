@@ -13,6 +13,9 @@ Trainer and a new DataModule that resume B's ``last.ckpt`` with ``ckpt_path`` an
 continue to 2N. The demo compares, step by step, the fingerprints of the batches
 ``training_step`` saw in A and in C, the loss curves, and writes a PNG of both loss
 curves and of the realized vs target token share of each dataset.
+
+While it runs it prints a line every ``--log-every`` steps; SIGTERM or Ctrl-C stops it
+at once with one line naming where (``demo_console.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from demo_console import at, interruptible, step, stoppable
 from embedded import build_pipeline, train_tokenizer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
@@ -103,6 +107,25 @@ class KillAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StepLines(pl.Callback):
+    """A progress line every ``every`` steps of run ``run`` (``demo_console.step``)."""
+
+    def __init__(self, run: str, every: int):
+        self.run, self.every = run, every
+        self.t0, self.start = 0.0, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.t0, self.start = time.perf_counter(), trainer.global_step
+        at(f"run {self.run}, before step {self.start + 1} of {trainer.max_steps}")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        done = trainer.global_step
+        rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
+        loss = pl_module.record[-1][2]
+        first = done == self.start + 1
+        step(self.run, done, trainer.max_steps, loss, rate, first, self.every)
+
+
 def fit(
     tok: Path,
     max_steps: int,
@@ -112,9 +135,10 @@ def fit(
     workers: int = 2,
     extra: list | None = None,
     pipeline=None,
+    progress: StepLines | None = None,
 ) -> tuple[TinyCausalLM, ZephonDataModule]:
     """Train to ``max_steps`` (resuming ``resume`` if given) on ``pipeline()`` (default:
-    the embedded mixture tokenized with ``tok``)."""
+    the embedded mixture tokenized with ``tok``), printing ``progress`` lines."""
     pl.seed_everything(1234, verbose=False)
     model = TinyCausalLM()
     dm = ZephonDataModule(
@@ -125,6 +149,8 @@ def fit(
     callbacks = [
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every or max_steps, save_last=True)
     ] + list(extra or [])
+    if progress is not None:
+        callbacks.insert(0, progress)  # before KillAt: the line of the last step shows
     trainer = pl.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
@@ -171,11 +197,11 @@ def plot(path: Path, full: list, resumed: list, n: int, metrics: dict) -> None:
 KILL_EVERY = 20  # checkpoint interval of the run that gets killed
 
 
-def killed_run(tok: Path, n: int, ckpt_dir: Path) -> int:
+def killed_run(tok: Path, n: int, ckpt_dir: Path, every: int) -> int:
     """Run B in a child process that is SIGKILLed right after step ``n``; returns the step
     of its last checkpoint."""
     cmd = [sys.executable, __file__, "--child", str(ckpt_dir), "--tok", str(tok)]
-    code = subprocess.run(cmd + ["--steps", str(n)]).returncode
+    code = subprocess.run(cmd + ["--steps", str(n), "--log-every", str(every)]).returncode
     if code != -signal.SIGKILL:
         raise SystemExit(f"run B should have been killed by SIGKILL, but exited with {code}")
     return int(torch.load(ckpt_dir / "last.ckpt", weights_only=False)["global_step"])
@@ -189,22 +215,32 @@ def child(args: argparse.Namespace) -> None:
         Path(args.child),
         every=KILL_EVERY,
         extra=[KillAt(args.steps)],
+        progress=StepLines("B", args.log_every),
     )
 
 
 def main() -> None:
+    with stoppable():
+        run(parse())
+
+
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=150, help="N: crash at N, resume to 2N")
     ap.add_argument("--out", default="out", help="where the PNG goes")
     ap.add_argument("--kill", action="store_true", help="SIGKILL run B mid-run at step N")
+    ap.add_argument("--log-every", type=int, default=10, help="a progress line every K steps")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--tok", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.child:
         warnings.filterwarnings("ignore")
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
         return child(args)
-    n = args.steps
+    n, every = args.steps, args.log_every
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -212,16 +248,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         tok = d / "tokenizer.json"
-        train_tokenizer(tok)
+        at("training the tokenizer")
+        interruptible(train_tokenizer, tok)
+        at("compiling the pipeline (it measures each document's tokens)")
         print(build_pipeline(tok, SEQ_LEN, BATCH).explain(), "\n")
         t0 = time.perf_counter()
-        full_model, full_dm = fit(tok, 2 * n, d / "A")
+        full_model, full_dm = fit(tok, 2 * n, d / "A", progress=StepLines("A", every))
         print(f"run A: {2 * n} steps uninterrupted in {time.perf_counter() - t0:.0f}s")
         if args.kill:
-            start = killed_run(tok, n, d / "B")
+            start = killed_run(tok, n, d / "B", args.log_every)
             how = f"killed with SIGKILL after step {n}, last checkpoint at step {start}"
         else:
-            fit(tok, n, d / "B")
+            fit(tok, n, d / "B", progress=StepLines("B", every))
             start, how = n, f"stopped at step {n} (max_steps)"
         ckpt = d / "B" / "last.ckpt"
         state = torch.load(ckpt, weights_only=False)["zephon"]["state"]
@@ -231,7 +269,9 @@ def main() -> None:
             f"run B: {how}; its checkpoint holds a {size}-byte Zephon state "
             f"({len(state['lanes'])} lanes, {inflight} inflight chunks to replay)"
         )
-        resumed_model, _ = fit(tok, 2 * n, d / "C", resume=str(ckpt))
+        resumed_model, _ = fit(
+            tok, 2 * n, d / "C", resume=str(ckpt), progress=StepLines("C", every)
+        )
         print(
             f"run C: new Trainer + new ZephonDataModule, ckpt_path=last.ckpt, steps "
             f"{start}..{2 * n - 1}\n"

@@ -26,4 +26,4 @@ def main() -> None:
         from .commands import cli
     except ImportError as e:  # click is an optional dependency
         raise SystemExit(f"the zephon command needs click: pip install 'zephon[cli]' ({e})") from e
-    cli()
+    cli(prog_name="zephon")  # also as ``python -m zephon_core.cli``

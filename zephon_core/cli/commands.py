@@ -1,4 +1,5 @@
-"""The ``zephon`` subcommands (``zephon --help``); see the package docstring."""
+"""The ``zephon`` subcommands, built on click; ``HELP`` is what ``zephon --help`` prints
+above the list of commands (click lists them, each with its ``short_help``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ Legend:
   *_replay_filter   inserted before batch: after a restore it drops what was
                     already delivered (docs/design.md section 6)
   final_prefetch=N  outputs the background pump keeps ready (0: no pump thread)"""
+
+
+HELP = """\
+Zephon's command line: look into checkpoints, and check your own pipeline.
+
+\b
+CHECKPOINT: a Zephon state file, a Lightning .ckpt or an HF checkpoint-N/
+directory, read with the checks a restore makes.
+FACTORY: MODULE:FUNCTION, a module (importable, or a path to a .py file) and
+a zero-argument function in it that returns a Pipeline, e.g.
+my_train:build_pipeline.
+
+Run "zephon COMMAND --help" for a command's arguments and options."""
 
 
 def _load_factory(spec: str):
@@ -70,7 +84,7 @@ def _build(spec: str):
     return pipe
 
 
-@click.group(help=(__doc__ or "").strip())
+@click.group(help=HELP)
 def cli() -> None:
     pass
 
@@ -90,7 +104,7 @@ def _read(path: str, trust_pickle: bool):
         raise click.ClickException(f"{path}: {type(e).__name__}: {e}") from None
 
 
-@cli.command()
+@cli.command(short_help="Show a checkpoint: position, lanes, datasets, configuration.")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @TRUST_PICKLE
@@ -144,7 +158,7 @@ def _allowed(value: str) -> list[str]:
     return sorted(names)
 
 
-@cli.command()
+@cli.command(short_help="Whether B (a checkpoint or a FACTORY) accepts checkpoint A.")
 @click.argument("a")
 @click.argument("b")
 @click.option(
@@ -182,7 +196,7 @@ def diff(a: str, b: str, allow_changes: str, trust_pickle: bool) -> None:
         click.echo(f"  {line}")
 
 
-@cli.command()
+@cli.command(short_help="Show the plan of a FACTORY's pipeline: stages, runners, queues.")
 @click.argument("factory")
 def explain(factory: str) -> None:
     """The plan of FACTORY's pipeline: stages, runners, queues; with a legend."""
@@ -190,7 +204,7 @@ def explain(factory: str) -> None:
     click.echo("\n" + LEGEND)
 
 
-@cli.command()
+@cli.command(short_help="Cut, restore and compare a FACTORY's stream: is resume exact?")
 @click.argument("factory")
 @click.option("--cuts", default="1,17,100", show_default=True, help="Outputs before each cut.")
 @click.option("--total", type=int, default=None, help="Outputs compared per run.")
@@ -215,7 +229,7 @@ def verify(factory: str, cuts: str, total: int | None, workers: int) -> None:
     )
 
 
-@cli.command()
+@cli.command(short_help="Measure a FACTORY's batches/s and tokens/s.")
 @click.argument("factory")
 @click.option("--batches", type=int, default=200, show_default=True)
 @click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers.")
@@ -258,7 +272,7 @@ def _tokens(out: Any) -> int:
     return 0
 
 
-@cli.command(help="Convert JSONL(.zst/.gz) shards to Parquet shards (one each) under OUT.")
+@cli.command(short_help="Convert JSONL(.zst/.gz) shards to Parquet shards.")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", "output", required=True, help="Output directory or URL prefix.")
 @click.option("--row-group-rows", type=int, default=1024, show_default=True)
@@ -268,6 +282,10 @@ def _tokens(out: Any) -> int:
 def convert(
     inputs: tuple[str, ...], output: str, row_group_rows: int, storage_options: str
 ) -> None:
+    """Convert JSONL shards (INPUTS: files or globs, local or URLs; .zst/.gz by suffix)
+    into one Parquet shard each under OUT, a row group at a time. Progress goes to
+    stderr: a bar on a terminal (with the rows of the current shard), one line per
+    converted shard otherwise."""
     from ..sources.convert import jsonl_to_parquet
 
     try:
@@ -275,7 +293,7 @@ def convert(
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"--storage-options is not JSON: {e}") from e
     try:
-        written = jsonl_to_parquet(list(inputs), output, row_group_rows, options, progress=None)
+        written = jsonl_to_parquet(list(inputs), output, row_group_rows, options, progress=True)
     except ZephonError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {len(written)} Parquet shard(s) under {output}")

@@ -93,7 +93,7 @@ def jsonl_to_parquet(
     bar = progress_bar(len(paths), "converting to Parquet", "shard", show)
     for path, name in zip(paths, names):
         target = posixpath.join(out_dir, name)
-        writer, rows = None, []
+        writer, rows, done = None, [], 0
         try:
             with out_fs.open(target, "wb") as sink:
                 try:
@@ -101,9 +101,12 @@ def jsonl_to_parquet(
                         rows.append(rec)
                         if len(rows) == rows_per_group:
                             writer = _write(pa, pq, writer, sink, rows, path)
+                            done += len(rows)
                             rows = []
+                            bar.note(f"{posixpath.basename(path)}: {done:,} rows")
                     if rows or writer is None:
                         writer = _write(pa, pq, writer, sink, rows, path)
+                        done += len(rows)
                 finally:
                     if writer is not None:
                         writer.close()  # before the sink closes, on every path
@@ -112,7 +115,7 @@ def jsonl_to_parquet(
                 out_fs.rm(target)  # no half-written shard is left to be indexed
             raise
         written.append(target)
-        bar.update(1)
+        bar.update(1, note=f"{posixpath.basename(path)}: {done:,} rows")
     bar.close()
     return written
 

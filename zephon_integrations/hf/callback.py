@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from transformers import TrainerCallback
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 from zephon_core.distributed.finite_end import is_finite
 from zephon_core.distributed.topology import validate
+from zephon_core.engine.restore_log import restore_lines_to
 from zephon_core.ops import BatchOp
 
 from ..allow_changes import checked, named_in_refusals
@@ -54,6 +56,7 @@ from .checkpoint_dir import (
     write_state,
 )
 from .ignored_options import constructing_trainer, warn_ignored_options
+from .restore_line import shown_by_transformers
 from .rows import Feed, ZephonRows
 from .stream_end import StreamEnd, end_empty_passes_quietly
 
@@ -119,6 +122,7 @@ class ZephonCallback(TrainerCallback):
         self._cache_off: list[Any] = []  # model configs whose KV cache training turned off
         self._prefetch_factor: int | None = None  # the Trainer's, for Zephon's workers
         self._stream_end = StreamEnd("ZephonCallback")
+        self._restore_line: ExitStack | None = None  # the Trainer's log shows it in train()
 
     # -- setup --------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -157,6 +161,9 @@ class ZephonCallback(TrainerCallback):
                 "construction (not add_callback) so it can set ignore_data_skip "
                 "and take over dataloader_num_workers before the loader is built"
             )
+        self._end_restore_line()  # (left by a train() that failed)
+        self._restore_line = ExitStack()
+        self._restore_line.enter_context(restore_lines_to(shown_by_transformers(args)))
         # Everything that can fail is checked on every rank, also ranks that read nothing:
         # a rank failing alone would leave the others blocked in a collective.
         pipe = Pipeline.for_rank(self._factory, 0, 1)
@@ -305,6 +312,12 @@ class ZephonCallback(TrainerCallback):
         if self.loader is not None:
             self.loader.close()
         self.pipeline = self.loader = self._layout = self._saved = None
+        self._end_restore_line()
+
+    def _end_restore_line(self) -> None:
+        if self._restore_line is not None:
+            self._restore_line.close()
+            self._restore_line = None
 
 
 def _read_layout(loader: Any, rows: ZephonRows, batch_size: int, batched: bool) -> _Layout:

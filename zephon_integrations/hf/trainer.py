@@ -21,6 +21,7 @@ from typing import Any
 from transformers import Trainer
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core.engine.restore_log import restore_lines_to
 
 from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
@@ -34,6 +35,7 @@ from .checkpoint_dir import (
     write_state,
 )
 from .ignored_options import warn_ignored_options
+from .restore_line import shown_by_transformers
 from .stream_end import StreamEnd
 
 __all__ = ["STATE_FILE", "ZephonTrainer"]
@@ -153,7 +155,8 @@ class ZephonTrainer(Trainer):
             self._zephon_rng_from = path
             self._zephon_origin = str(path)
         try:
-            return super().train(path or None, *args, **kwargs)
+            with restore_lines_to(shown_by_transformers(self.args)):
+                return super().train(path or None, *args, **kwargs)
         finally:
             if self.zephon_loader is not None:
                 self.zephon_loader.close()  # its state stays readable

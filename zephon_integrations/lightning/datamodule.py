@@ -40,16 +40,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core.engine.restore_log import restore_lines_to
 
 from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
 from .checkpoint_hook import ZephonCheckpointHook
+from .restore_line import shown_by_lightning
 from .steps import StepTracker
 
 STATE_KEY = "zephon"
@@ -81,7 +84,9 @@ class ZephonDataModule(pl.LightningDataModule):
             given, the process group's store (``"torch://"``) is used.
         aggregate_store: see ``aggregate_dir``.
         aggregate_timeout_s: one time budget for a whole aggregation round.
-        log_every_n_steps: how often data metrics go to the trainer's logger (0: never).
+        log_every_n_steps: every how many optimizer steps the ``zephon/*`` data metrics
+            go to the trainer's loggers (default None: the Trainer's
+            ``log_every_n_steps``, as Lightning's own metrics; 0: never).
         val_dataloader_fn: optional zero-argument factory of a validation DataLoader.
         allow_fresh_start: resume from a checkpoint without Zephon state by starting the
             data stream from its beginning (default: ``MissingCheckpointState``).
@@ -104,7 +109,7 @@ class ZephonDataModule(pl.LightningDataModule):
         aggregate_dir: str | None = None,
         aggregate_store: Any = None,
         aggregate_timeout_s: float = 300.0,
-        log_every_n_steps: int = 50,
+        log_every_n_steps: int | None = None,
         val_dataloader_fn: Callable[[], Any] | None = None,
         allow_fresh_start: bool = False,
         restore_rng: bool = True,
@@ -141,6 +146,8 @@ class ZephonDataModule(pl.LightningDataModule):
         self.steps = StepTracker(restore_rng)  # micro-steps, their RNG, the last boundary
         self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
+        self._logged_step = -1  # the last global step whose data metrics were logged
+        self._restore_line: ExitStack | None = None  # Lightning shows it during fit
 
     # -- building -------------------------------------------------------------------
     def _build(self) -> Pipeline:
@@ -161,6 +168,10 @@ class ZephonDataModule(pl.LightningDataModule):
             # before Lightning restores a checkpoint; first, so that a step's end is seen
             # before any other callback's on_train_batch_end (ModelCheckpoint saves there)
             trainer.callbacks.insert(0, self._hook)
+        if stage == "fit" and trainer is not None:
+            self._end_restore_line()
+            self._restore_line = ExitStack()
+            self._restore_line.enter_context(restore_lines_to(shown_by_lightning(trainer)))
         if self.pipeline is None:
             self.pipeline = self._build()
             if self._restore is not None:
@@ -216,10 +227,20 @@ class ZephonDataModule(pl.LightningDataModule):
         if trainer is not None and trainer.training:
             self.steps.start(trainer)  # counts the batch; the RNG this step draws from
             self._meter.observe(batch)
-            n = self.log_every_n_steps
-            if n and self.steps.consumed % n == 0 and trainer.logger is not None:
-                trainer.logger.log_metrics(self.data_metrics(), step=trainer.global_step)
+            self._log_metrics(trainer)
         return batch
+
+    def _log_metrics(self, trainer: Any) -> None:
+        # at the steps where Lightning logs its own metrics ((step + 1) % n == 0), once
+        # per optimizer step (its first micro-batch)
+        n = self.log_every_n_steps
+        n = trainer.log_every_n_steps if n is None else n
+        step = trainer.global_step
+        if n and (step + 1) % n == 0 and step != self._logged_step and trainer.loggers:
+            self._logged_step = step
+            metrics = self.data_metrics()
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def data_metrics(self) -> dict[str, float]:
         """records/s, tokens/s, padding ratio, inflight chunks and, per dataset, shares
@@ -281,8 +302,18 @@ class ZephonDataModule(pl.LightningDataModule):
         return states[trainer.global_rank]
 
     def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self._end_restore_line()
         if self._loader is not None and stage == "fit":
             self._loader.close()  # its state stays readable for state_dict()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self._end_restore_line()
+
+    def _end_restore_line(self) -> None:
+        if self._restore_line is not None:
+            self._restore_line.close()
+            self._restore_line = None
 
 
 class _Meter:
