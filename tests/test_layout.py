@@ -37,12 +37,6 @@ LAYERS = (
     "zephon_core/",
 )
 
-#: The one cycle still allowed: the description builds its run handles, and they call
-#: back into it (issue 20 item 1 removes it).
-ALLOWED_CYCLE = frozenset(
-    {"zephon_core.engine.pipeline", "zephon_core.engine.handle", "zephon_core.engine.torch_data"}
-)
-
 
 @functools.cache
 def _modules() -> dict[str, Path]:
@@ -136,13 +130,8 @@ def _layer(mod: str) -> int:
 
 
 def test_no_import_cycles():
-    cycles = [c for c in _cycles(_graph()) if c != ALLOWED_CYCLE]
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
-
-
-def test_the_allowed_cycle_still_exists():
-    # once it is gone, drop ALLOWED_CYCLE so it cannot come back
-    assert ALLOWED_CYCLE in _cycles(_graph())
 
 
 def test_folders_import_only_their_own_or_lower_layers():

@@ -78,7 +78,7 @@ class SimulatedRanks:
 
     @property
     def lanes(self) -> int:
-        return self.handles[0]._pipeline.canonical_replicas
+        return self.handles[0].spec.plan.num_lanes
 
     def step(self) -> list[Any] | None:
         """One step: the output of every global rank in rank order, or None at the end
