@@ -133,7 +133,7 @@ class Pipeline:
             _bind={},
             _ops=(),
             _memo=_PlanMemo(),
-            _current=CurrentRun(),
+            _current_run=CurrentRun(),
         )
         values.update(
             _checked_options(
@@ -169,7 +169,7 @@ class Pipeline:
                 plan = dataclasses.replace(plan, **options)
         new = object.__new__(Pipeline)
         new.__dict__.update(self.__dict__)
-        new.__dict__.update(_memo=_PlanMemo(plan), _current=CurrentRun())
+        new.__dict__.update(_memo=_PlanMemo(plan), _current_run=CurrentRun())
         new.__dict__.update(changes)
         return new
 
@@ -398,7 +398,7 @@ class Pipeline:
         """
         if restore is not None:
             return self._spec(self._admit(restore, allow_changes, origin))
-        return self._spec(self._current.pending)
+        return self._spec(self._current_run.pending)
 
     def iterate(
         self, restore: Any = None, *, allow_changes: Iterable[str] = (), origin: str | None = None
@@ -433,7 +433,7 @@ class Pipeline:
         explicit = None
         if restore is not None:
             explicit = functools.partial(self._admit, restore, allow_changes, origin)
-        start = self._current.start("pipe.dataloader()", explicit)
+        start = self._current_run.start("pipe.dataloader()", explicit)
         loader = ZephonDataLoader(
             self._spec(start),
             num_workers=num_workers,
@@ -441,7 +441,7 @@ class Pipeline:
             max_read_ahead=max_read_ahead,
             **kwargs,
         )
-        self._current.adopt(loader)
+        self._current_run.adopt(loader)
         return loader
 
     def torch_dataset(self) -> ZephonIterableDataset:
@@ -450,7 +450,7 @@ class Pipeline:
 
     # -- conveniences over the current run (engine/current_run.py) ------------------------
     def __iter__(self) -> PipelineIterator:
-        return self._current.iterator(lambda start: PipelineIterator(self._spec(start)))
+        return self._current_run.iterator(lambda start: PipelineIterator(self._spec(start)))
 
     def load_state_dict(
         self,
@@ -475,31 +475,31 @@ class Pipeline:
             LifecycleError: the pipeline already has a live iterator or loader.
             CorruptCheckpoint / IncompatibleCheckpoint: see ``checkpoint/restore.py``.
         """
-        self._current.load(functools.partial(self._admit, state, allow_changes, origin))
+        self._current_run.load(functools.partial(self._admit, state, allow_changes, origin))
 
     def checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """The current handle's state (see the handle's ``checkpoint``); with none, the state
         the next handle starts from."""
-        return self._current.checkpoint(served, self.compile)
+        return self._current_run.checkpoint(served, self.compile)
 
     state_dict = checkpoint
 
     def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """This rank's lanes only (see ``StreamHandle.local_checkpoint``)."""
-        return self._current.local_checkpoint(served, self.compile, self.topology())
+        return self._current_run.local_checkpoint(served, self.compile, self.topology())
 
     def stats(self) -> dict[str, Any]:
         """The current handle's live counters."""
-        return self._current.stats()
+        return self._current_run.stats()
 
     @property
     def chunks_replayed(self) -> int:
         """Restored inflight chunks replayed by the current iterator's lanes."""
-        return self._current.chunks_replayed()
+        return self._current_run.chunks_replayed()
 
     def close(self) -> None:
         """Close the current handle (idempotent); its state stays readable."""
-        self._current.close()
+        self._current_run.close()
 
     def __enter__(self) -> Pipeline:
         return self
