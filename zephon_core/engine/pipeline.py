@@ -156,7 +156,7 @@ class Pipeline:
         )
 
     def _evolve(self, **changes: Any) -> Pipeline:
-        """A new description: no handle and no pending restore. A compiled plan is kept
+        """A new description with a fresh current run. A compiled plan is kept
         (it is immutable) unless the operators change; runtime options are swapped in."""
         plan = self._memo.plan
         if plan is not None and "_ops" in changes:
@@ -201,7 +201,8 @@ class Pipeline:
         return pipe.bind(rank=rank, world_size=world_size) if world_size > 1 else pipe
 
     def description(self) -> Pipeline:
-        """A copy holding only the description (no handle, no pending restore)."""
+        """A copy with a fresh current run (no current handle, no pending restore): the
+        conveniences of the copy start over (``engine/current_run.py``)."""
         return self._evolve()
 
     def with_options(self, **options: Any) -> Pipeline:
