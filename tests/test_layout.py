@@ -169,3 +169,28 @@ def test_the_core_imports_no_integration():
 def test_the_graph_reads_both_packages_of_this_tree():
     assert Path(zephon_integrations.__file__).parent.parent == REPO
     assert "zephon_integrations.lightning.datamodule" in _graph()
+
+
+def test_no_module_imports_another_modules_private_name():
+    # a private name is its module's business (torch_data once imported handle's
+    # _failed_earlier): share it under a public name in the module it belongs to
+    modules = _modules()
+    wrong = []
+    for mod, path in sorted(modules.items()):
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith(PACKAGES):
+                continue
+            for alias in node.names:
+                name = alias.name
+                private = name.startswith("_") and not name.startswith("__")
+                if private and f"{source}.{name}" not in modules:
+                    wrong.append(f"{mod}: from {source} import {name}")
+    assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)

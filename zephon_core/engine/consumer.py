@@ -63,13 +63,13 @@ class ConsumerSteps(Iterator[Any]):
         if self._done:
             raise StopIteration
         try:
-            step = self._prepare()
+            step = self.prepare()
             if self._agree is not None and not self._agree(step is not None):
                 step = None  # another rank's position of this step is empty: all end here
             if step is None:
-                self._end()
+                self.end()
                 raise StopIteration
-            out = self._commit(step)
+            out = self.commit(step)
             self._restore_log.first_output()
             return out
         except StopIteration:
@@ -79,20 +79,25 @@ class ConsumerSteps(Iterator[Any]):
             self._fail()
             raise
 
-    # -- what a consumer provides ------------------------------------------------------
-    def _refuse(self) -> None:
-        """Raise if this consumer may not take a turn (it was closed)."""
-
-    def _prepare(self) -> Any:
-        """The next output, not yet delivered; None at this process's end."""
+    # -- the two steps of a turn, public for lockstep callers (testing.SimulatedRanks
+    # -- steps several ranks in one process: all prepare, then all commit or all end)
+    def prepare(self) -> Any:
+        """The next output, not yet delivered; None at this process's end. Commit it (or
+        end) before preparing again: ``next()`` does both, which is what you want unless
+        you step several ranks in lockstep."""
         raise NotImplementedError
 
-    def _commit(self, step: Any) -> Any:
+    def commit(self, step: Any) -> Any:
         """Deliver a prepared output: adopt its lane state; returns what the caller gets."""
         raise NotImplementedError
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """End the stream here (another rank has no output for this step)."""
         self._done = True
+
+    # -- what a consumer provides ------------------------------------------------------
+    def _refuse(self) -> None:
+        """Raise if this consumer may not take a turn (it was closed)."""
 
     def _fail(self) -> None:
         """Stop the work behind this consumer after an error escaped a turn."""

@@ -152,7 +152,7 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
     def _what(self) -> str:  # type: ignore[override]
         return f"iterator (global position {self._run.position()})"
 
-    # -- the turn (engine/consumer.py); testing.SimulatedRanks calls these directly ----
+    # -- the turn (engine/consumer.py) ------------------------------------------------------
     def _refuse(self) -> None:
         if self._closed:
             raise LifecycleError(
@@ -160,10 +160,12 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
                 "(pipe.iterate(restore=it.state_dict()) continues exactly)"
             )
 
-    def _prepare(self) -> Any:
+    def prepare(self) -> Any:
+        """The next output, not yet delivered (see ``engine/consumer.py``)."""
         return None if self._done else self._run.prepare()
 
-    def _commit(self, step: Any) -> Any:
+    def commit(self, step: Any) -> Any:
+        """Deliver a prepared output (see ``engine/consumer.py``)."""
         return self._run.commit(step)
 
     def _fail(self) -> None:

@@ -306,7 +306,7 @@ class _LoaderIterator(ConsumerSteps):
                 "from the batches consumed so far"
             )
 
-    def _prepare(self) -> tuple[Any, LaneDelta] | None:
+    def prepare(self) -> tuple[Any, LaneDelta] | None:
         """The next batch and its delta (not yet applied); None at this rank's end."""
         consumer = self._loader.consumer
         while True:
@@ -320,14 +320,14 @@ class _LoaderIterator(ConsumerSteps):
                 return None  # an ended lane's turn: a hole in the step (finite_end.py)
             consumer.apply(delta, served=False)
 
-    def _commit(self, item: tuple[Any, LaneDelta]) -> Any:
+    def commit(self, item: tuple[Any, LaneDelta]) -> Any:
         payload, delta = item
         # built first: if building fails, the batch was not handed out and must not count
         out = _from_wire(payload, self._loader.pin_memory)
         self._loader.consumer.apply(delta, served=True)
         return out
 
-    def _end(self) -> None:
+    def end(self) -> None:
         self._done = True
         self._source = None
         self._loader._ended = True
