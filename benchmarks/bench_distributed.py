@@ -77,7 +77,7 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
     def run_once(carry: bool) -> float:
         p = reference_pipeline(prefetch=0, parallelism=1)
         run = iter(p).run
-        consumer = RankConsumer(p, p.topology(), None) if carry else None
+        consumer = RankConsumer(p.compile(), p.topology(), None) if carry else None
         for _ in range(50):
             next(run)
             if carry:

@@ -37,12 +37,6 @@ LAYERS = (
     "zephon_core/",
 )
 
-#: The one cycle still allowed: the description builds its run handles, and they call
-#: back into it (issue 20 item 1 removes it).
-ALLOWED_CYCLE = frozenset(
-    {"zephon_core.engine.pipeline", "zephon_core.engine.handle", "zephon_core.engine.torch_data"}
-)
-
 
 @functools.cache
 def _modules() -> dict[str, Path]:
@@ -136,13 +130,8 @@ def _layer(mod: str) -> int:
 
 
 def test_no_import_cycles():
-    cycles = [c for c in _cycles(_graph()) if c != ALLOWED_CYCLE]
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
-
-
-def test_the_allowed_cycle_still_exists():
-    # once it is gone, drop ALLOWED_CYCLE so it cannot come back
-    assert ALLOWED_CYCLE in _cycles(_graph())
 
 
 def test_folders_import_only_their_own_or_lower_layers():
@@ -180,3 +169,28 @@ def test_the_core_imports_no_integration():
 def test_the_graph_reads_both_packages_of_this_tree():
     assert Path(zephon_integrations.__file__).parent.parent == REPO
     assert "zephon_integrations.lightning.datamodule" in _graph()
+
+
+def test_no_module_imports_another_modules_private_name():
+    # a private name is its module's business (torch_data once imported handle's
+    # _failed_earlier): share it under a public name in the module it belongs to
+    modules = _modules()
+    wrong = []
+    for mod, path in sorted(modules.items()):
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith(PACKAGES):
+                continue
+            for alias in node.names:
+                name = alias.name
+                private = name.startswith("_") and not name.startswith("__")
+                if private and f"{source}.{name}" not in modules:
+                    wrong.append(f"{mod}: from {source} import {name}")
+    assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)

@@ -13,6 +13,7 @@ Synchronisation with the other ranks only goes through files in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -308,7 +309,7 @@ def main(spec_path: str) -> None:
                 from zephon_core.distributed import Topology
 
                 declared = Topology(**rnd["declare"])
-                Pipeline.topology = lambda self, _t=declared: _t
+                it.spec = dataclasses.replace(it.spec, topology=declared)
             if rnd.get("barrier"):
                 barrier(sync, rnd["barrier"], spec["tag"], rnd["barrier_tags"], deadline)
             if rnd.get("wait_files"):

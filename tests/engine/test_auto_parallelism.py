@@ -18,7 +18,7 @@ def _resolved(payload: dict) -> dict:
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
-    plan = info.dataset.pipeline.compile()
+    plan = info.dataset.spec.plan_here()
     return {"resolved": plan.ops[0].parallelism}
 
 

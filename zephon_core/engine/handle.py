@@ -1,21 +1,22 @@
 """Handles: the objects that own a running stream (``docs/design.md`` §5).
 
-A :class:`~zephon_core.Pipeline` is a frozen description. Iterating it returns a
-handle that owns the run and is the one place to ask for its state:
+A :class:`~zephon_core.Pipeline` is a frozen description. A handle is built from a
+:class:`~zephon_core.engine.run_spec.RunSpec` (the plan, where this process sits, where
+it starts, how ranks merge) and owns the run; it is the one place to ask for its state:
 
-* :class:`PipelineIterator` -- ``pipe.iterate(restore=state)`` (or ``iter(pipe)``);
+* :class:`PipelineIterator` -- ``pipe.iterate(restore=state)``, or ``PipelineIterator(spec)``;
 * :class:`~zephon_core.engine.torch_data.ZephonDataLoader` -- ``pipe.dataloader(...)``.
 
 Both offer ``state_dict()`` (alias ``checkpoint()``; an aggregation round when several
 ranks hold lanes), ``local_checkpoint()``, ``save(path)``, ``stats()``, ``close()`` and
-the context-manager protocol. A handle keeps what it needs alive (a temporary
-Pipeline may be collected while its iterator runs) and is closed by the garbage
-collector when dropped.
+the context-manager protocol. A handle never refers to the pipeline that made it (it may
+be collected while the handle runs) and is closed by the garbage collector when dropped.
 
 After an error escapes ``next()`` (an operator failure, a stall, a
 ``KeyboardInterrupt``), the iterator never pretends the stream ended: every later call
-raises a ``PipelineError`` saying where it failed. Its state up to the last delivered
-output stays valid, so ``state_dict()`` still gives an exact restore point.
+raises a ``PipelineError`` saying where it failed (``engine/consumer.py``). Its state up
+to the last delivered output stays valid, so ``state_dict()`` still gives an exact
+restore point.
 """
 
 from __future__ import annotations
@@ -23,19 +24,16 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..checkpoint import codec
 from ..checkpoint.state import PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
-from ..distributed.topology import Topology
-from ..errors import ConfigError, LifecycleError, PipelineError
+from ..errors import ConfigError, LifecycleError
+from .consumer import ConsumerSteps
 from .restore_log import RestoreLog
 from .run import PipelineRun
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+from .run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +41,10 @@ log = logging.getLogger(__name__)
 class StreamHandle:
     """State, stats and shutdown shared by every handle (see the module docstring)."""
 
-    _pipeline: Pipeline
-    _topology: Topology
+    spec: RunSpec
 
-    def _init_handle(self, pipeline: Pipeline, topology: Topology) -> None:
-        self._pipeline = pipeline
-        self._topology = topology
+    def _init_handle(self, spec: RunSpec) -> None:
+        self.spec = spec
         self._aggregator: Any = None
         self._closed = False
 
@@ -64,18 +60,25 @@ class StreamHandle:
             served: (loaders) the state right after the first ``served`` batches the loader
                 handed out, for a trainer that reads ahead; default: all handed out.
         """
-        pipe = self._pipeline
-        if not pipe.checkpointing:
+        spec = self.spec
+        if not spec.plan.checkpointing:
             raise ConfigError(
                 "this pipeline was built with checkpointing=False; build it "
                 "with checkpointing=True to take checkpoints"
             )
         local = self._local_state(served)
-        topo = pipe.topology()  # where this process sits now
-        if len(local.lanes) == pipe.canonical_replicas and topo.world_size == 1:
+        topo = spec.topology
+        if len(local.lanes) == spec.plan.num_lanes and topo.world_size == 1:
             return local.to_dict()
+        if spec.aggregator is None:
+            raise ConfigError(
+                f"this handle serves {len(local.lanes)} of {spec.plan.num_lanes} lanes and "
+                "its RunSpec has no aggregator to merge the ranks' states: build the spec "
+                "with pipe.run_spec(), or merge local_checkpoint() reports yourself "
+                "(zephon_core.distributed.merge_local_checkpoints)"
+            )
         if self._aggregator is None:
-            self._aggregator = pipe._aggregator_for(topo)
+            self._aggregator = spec.aggregator(topo)
         return self._aggregator.round(local).to_dict()
 
     def state_dict(self, served: int | None = None) -> dict[str, Any]:
@@ -85,7 +88,7 @@ class StreamHandle:
     def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """This rank's lanes only, without an aggregation round: the report a rank sends
         (merge all ranks' reports with ``zephon_core.distributed.merge_local_checkpoints``)."""
-        topo = self._pipeline.topology()
+        topo = self.spec.topology
         return {
             "rank": topo.rank,
             "dp_rank": topo.dp_rank,
@@ -119,14 +122,7 @@ class StreamHandle:
         raise NotImplementedError
 
 
-def _failed_earlier(where: str, failure: BaseException, restore_hint: str) -> PipelineError:
-    return PipelineError(
-        f"this {where} failed earlier ({type(failure).__name__}: {failure}) and cannot "
-        f"continue; its state up to the last delivered output is intact: {restore_hint}"
-    )
-
-
-class PipelineIterator(StreamHandle, Iterator[Any]):
+class PipelineIterator(StreamHandle, ConsumerSteps):
     """Iterates a pipeline in this process and owns the run (threads, workers, state).
 
     Example::
@@ -134,64 +130,46 @@ class PipelineIterator(StreamHandle, Iterator[Any]):
         with pipe.iterate(restore=state) as it:
             for batch in it: ...
             state = it.state_dict()
+
+    Args:
+        spec: what to run (``pipe.run_spec(restore=...)``); nothing else is consulted.
     """
 
-    def __init__(self, pipeline: Pipeline, restore: PipelineState | None):
-        topo = pipeline.topology()
-        self._init_handle(pipeline, topo)
-        plan = pipeline.compile()
-        self._run = PipelineRun(
-            plan, restore, Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size)
-        )
-        self._agree = step_agreement(topo, is_finite(plan.source))
-        self._done = False
-        self._failure: BaseException | None = None
+    _continue_hint = "state = it.state_dict(); it = pipe.iterate(restore=state)"
+
+    def __init__(self, spec: RunSpec):
+        self._init_handle(spec)
+        plan = spec.plan
+        self._run = PipelineRun(plan, spec.start, spec.topology)
+        self._agree = step_agreement(spec.topology, is_finite(plan.source))
         self._finalizer = weakref.finalize(self, self._run.close)
-        self._restore_log = RestoreLog(restore, self._run.order)
+        self._restore_log = RestoreLog(spec.start, self._run.order)
 
     def __iter__(self) -> PipelineIterator:
         return self
 
-    def __next__(self) -> Any:
-        if self._failure is not None:
-            raise _failed_earlier(
-                f"iterator (global position {self._run.position()})",
-                self._failure,
-                "state = it.state_dict(); it = pipe.iterate(restore=state)",
-            ) from self._failure
+    @property
+    def _what(self) -> str:  # type: ignore[override]
+        return f"iterator (global position {self._run.position()})"
+
+    # -- the turn (engine/consumer.py) ------------------------------------------------------
+    def _refuse(self) -> None:
         if self._closed:
             raise LifecycleError(
                 "this iterator was closed; take a new one "
                 "(pipe.iterate(restore=it.state_dict()) continues exactly)"
             )
-        if self._done:
-            raise StopIteration
-        try:
-            step = self._run.prepare()
-            if self._agree is not None and not self._agree(step is not None):
-                step = None  # another rank's position of this step is empty: all end here
-            if step is None:
-                self._done = True
-                raise StopIteration
-            out = self._run.commit(step)
-            self._restore_log.first_output()
-            return out
-        except StopIteration:
-            raise
-        except BaseException as e:
-            self._failure = e
-            self._run.close(join_timeout=0.5)  # a stalled thread may never return
-            raise
 
-    # -- used by testing.assert_resume_equivalent to simulate ranks in one process -------
-    def _prepare(self) -> Any:
+    def prepare(self) -> Any:
+        """The next output, not yet delivered (see ``engine/consumer.py``)."""
         return None if self._done else self._run.prepare()
 
-    def _commit(self, step: Any) -> Any:
+    def commit(self, step: Any) -> Any:
+        """Deliver a prepared output (see ``engine/consumer.py``)."""
         return self._run.commit(step)
 
-    def _end(self) -> None:
-        self._done = True
+    def _fail(self) -> None:
+        self._run.close(join_timeout=0.5)  # a stalled thread may never return
 
     # -- state and stats ------------------------------------------------------------------
     def _local_state(self, served: int | None) -> PipelineState:

@@ -2,29 +2,25 @@
 
 A ``Pipeline`` describes; it does not run. Builder methods, :meth:`Pipeline.bind` and
 :meth:`Pipeline.with_options` return new pipelines, and setting an attribute raises.
-Running happens in a handle (``engine/handle.py``) that owns the run and its state:
+:meth:`Pipeline.run_spec` turns the description into a
+:class:`~zephon_core.engine.run_spec.RunSpec` (plan, topology, start state, aggregator
+factory), from which a handle (``engine/handle.py``) is built that owns the run and its
+state and never calls back here:
 
 * ``pipe.iterate(restore=state)`` -- a :class:`~zephon_core.engine.handle.PipelineIterator`;
 * ``pipe.dataloader(num_workers=..., restore=state)`` -- a
   :class:`~zephon_core.engine.torch_data.ZephonDataLoader`.
 
-The conveniences act on the pipeline's *current handle*, the last one made by
-``iter(pipe)`` or ``pipe.dataloader()``; they stay unambiguous because a pipeline has at
-most one live current handle:
-
-* ``iter(pipe)`` returns the current iterator (a second ``for`` loop continues the
-  stream), or makes one;
-* ``pipe.checkpoint()`` / ``state_dict()``, ``stats()``, ``close()`` ask the current
-  handle; with none, ``checkpoint()`` is the state the next handle starts from;
-* ``pipe.load_state_dict(state)`` sets where the next current handle starts; it is
-  refused while a current handle is live (restore first, or pass ``restore=``), and a
-  handle made after a closed one needs a new ``load_state_dict`` or an explicit
-  ``restore=`` (it would otherwise repeat data).
+The conveniences ``iter(pipe)``, ``pipe.checkpoint()`` / ``state_dict()``,
+``pipe.load_state_dict()``, ``stats()`` and ``close()`` act on the pipeline's *current
+run*, a small holder kept apart from the description (``engine/current_run.py`` states
+its rules); they are one-line delegations here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -32,8 +28,8 @@ from typing import Any
 from ..checkpoint import codec
 from ..checkpoint.restore import admit
 from ..checkpoint.state import PipelineState
-from ..distributed.topology import Topology, detect, rank_lanes, validate
-from ..errors import ConfigError, LifecycleError
+from ..distributed.topology import Topology, detect, validate
+from ..errors import ConfigError
 from ..ops import (
     BatchOp,
     EnsureMixtureOp,
@@ -49,8 +45,9 @@ from ..sources.base import SourceSpec
 from ..validate import bool_arg, int_arg, number_arg
 from .compile import Plan, compile_plan
 from .cores import core_share
-from .handle import PipelineIterator, StreamHandle
-from .run import initial_state
+from .current_run import CurrentRun
+from .handle import PipelineIterator
+from .run_spec import RunSpec, open_aggregator
 from .torch_data import ZephonDataLoader, ZephonIterableDataset
 
 DEFAULT_STALL_TIMEOUT_S = 600.0
@@ -135,10 +132,8 @@ class Pipeline:
             checkpointing=checkpointing,
             _bind={},
             _ops=(),
-            _plan=None,
-            _restore=None,
-            _restore_used=False,
-            _current=None,
+            _memo=_PlanMemo(),
+            _current_run=CurrentRun(),
         )
         values.update(
             _checked_options(
@@ -161,9 +156,9 @@ class Pipeline:
         )
 
     def _evolve(self, **changes: Any) -> Pipeline:
-        """A new description: no handle and no pending restore. A compiled plan is kept
+        """A new description with a fresh current run. A compiled plan is kept
         (it is immutable) unless the operators change; runtime options are swapped in."""
-        plan = self._plan
+        plan = self._memo.plan
         if plan is not None and "_ops" in changes:
             plan = None
         if plan is not None:
@@ -174,12 +169,9 @@ class Pipeline:
                 plan = dataclasses.replace(plan, **options)
         new = object.__new__(Pipeline)
         new.__dict__.update(self.__dict__)
-        new.__dict__.update(_plan=plan, _restore=None, _restore_used=False, _current=None)
+        new.__dict__.update(_memo=_PlanMemo(plan), _current_run=CurrentRun())
         new.__dict__.update(changes)
         return new
-
-    def _set(self, **values: Any) -> None:
-        self.__dict__.update(values)
 
     # -- building -------------------------------------------------------------------
     def then(self, op: Operator) -> Pipeline:
@@ -209,7 +201,8 @@ class Pipeline:
         return pipe.bind(rank=rank, world_size=world_size) if world_size > 1 else pipe
 
     def description(self) -> Pipeline:
-        """A copy holding only the description (no handle, no pending restore)."""
+        """A copy with a fresh current run (no current handle, no pending restore): the
+        conveniences of the copy start over (``engine/current_run.py``)."""
         return self._evolve()
 
     def with_options(self, **options: Any) -> Pipeline:
@@ -341,27 +334,31 @@ class Pipeline:
         """The compiled plan (cached: a description never changes; a plan whose
         ``parallelism="auto"`` was sized for another core share -- a forked DataLoader
         worker inherits its parent's -- is compiled again)."""
-        plan = self._plan
+        plan = self._memo.plan
         if plan is None or (plan.auto_share is not None and plan.auto_share != core_share()):
-            self._set(
-                _plan=compile_plan(
-                    self.source,
-                    list(self._ops),
-                    num_lanes=self.canonical_replicas,
-                    k=self.flush_every_k_chunks,
-                    seed=self.seed,
-                    prefetch=self.prefetch,
-                    queue_size=self.queue_size,
-                    checkpointing=self.checkpointing,
-                    stall_timeout_s=self.stall_timeout_s,
-                )
-            )
-        return self._plan
+            plan = self._memo.plan = self._planner()()
+        return plan
+
+    def _planner(self) -> Callable[[], Plan]:
+        """``compile_plan`` bound to this description (what a DataLoader worker calls when
+        it must plan ``parallelism="auto"`` for its own core share)."""
+        return functools.partial(
+            compile_plan,
+            self.source,
+            list(self._ops),
+            num_lanes=self.canonical_replicas,
+            k=self.flush_every_k_chunks,
+            seed=self.seed,
+            prefetch=self.prefetch,
+            queue_size=self.queue_size,
+            checkpointing=self.checkpointing,
+            stall_timeout_s=self.stall_timeout_s,
+        )
 
     def explain(self) -> str:
         return self.compile().explain()
 
-    # -- handles ----------------------------------------------------------------------
+    # -- runs ---------------------------------------------------------------------------
     def _admit(
         self, state: Any, allow_changes: Iterable[str], origin: str | None = None
     ) -> PipelineState:
@@ -369,10 +366,46 @@ class Pipeline:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
         return admit(state, self.compile(), allow_changes, origin)
 
+    def _spec(self, start: PipelineState | None) -> RunSpec:
+        topo = self.topology()
+        plan = self.compile()
+        return RunSpec(
+            plan=plan,
+            topology=Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size),
+            start=start,
+            aggregator=functools.partial(
+                open_aggregator,
+                directory=self.aggregate_dir,
+                store=self.aggregate_store,
+                timeout_s=self.aggregate_timeout_s,
+                num_lanes=self.canonical_replicas,
+            ),
+            recompile=self._planner() if plan.auto_share is not None else None,
+        )
+
+    def run_spec(
+        self, restore: Any = None, *, allow_changes: Iterable[str] = (), origin: str | None = None
+    ) -> RunSpec:
+        """What a handle needs to run this pipeline, and nothing of the pipeline itself:
+        :class:`~zephon_core.engine.handle.PipelineIterator` and
+        :class:`~zephon_core.engine.torch_data.ZephonDataLoader` are built from it alone.
+
+        Args:
+            restore: a state from ``state_dict()``/``checkpoint()`` to continue from
+                (validated here, before any work); default: the state given to
+                ``load_state_dict()``, else the beginning.
+            allow_changes: see :meth:`load_state_dict`.
+            origin: see :meth:`load_state_dict`.
+        """
+        if restore is not None:
+            return self._spec(self._admit(restore, allow_changes, origin))
+        return self._spec(self._current_run.pending)
+
     def iterate(
         self, restore: Any = None, *, allow_changes: Iterable[str] = (), origin: str | None = None
     ) -> PipelineIterator:
-        """An independent iterator owning its own run.
+        """An independent iterator owning its own run (the pipeline's current run is not
+        touched): ``PipelineIterator(pipe.run_spec(...))``.
 
         Args:
             restore: a state from ``state_dict()``/``checkpoint()`` to continue from;
@@ -380,10 +413,7 @@ class Pipeline:
             allow_changes: see :meth:`load_state_dict`.
             origin: see :meth:`load_state_dict`.
         """
-        start = (
-            self._admit(restore, allow_changes, origin) if restore is not None else self._restore
-        )
-        return PipelineIterator(self, start)
+        return PipelineIterator(self.run_spec(restore, allow_changes=allow_changes, origin=origin))
 
     def dataloader(
         self,
@@ -396,71 +426,32 @@ class Pipeline:
         origin: str | None = None,
         **kwargs: Any,
     ) -> ZephonDataLoader:
-        """A DataLoader serving this rank's lanes; it becomes the pipeline's current handle.
+        """A DataLoader serving this rank's lanes; it becomes the pipeline's current handle
+        (``ZephonDataLoader(pipe.run_spec(...), ...)`` makes one that does not).
         ``(canonical_replicas / dp_size) % num_workers`` must be 0. ``max_read_ahead``: how
         many batches the training loop may take beyond the last one it consumed and still
         ``checkpoint(served=...)`` at that one. ``restore``: as in :meth:`iterate`."""
-        start = self._next_start(restore, allow_changes, "pipe.dataloader()", origin)
-        topo = self.topology()
+        explicit = None
+        if restore is not None:
+            explicit = functools.partial(self._admit, restore, allow_changes, origin)
+        start = self._current_run.start("pipe.dataloader()", explicit)
         loader = ZephonDataLoader(
-            self,
-            Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size),
-            start,
+            self._spec(start),
             num_workers=num_workers,
             pin_memory=pin_memory,
             max_read_ahead=max_read_ahead,
             **kwargs,
         )
-        self._set(_current=loader, _restore_used=True)
+        self._current_run.adopt(loader)
         return loader
 
     def torch_dataset(self) -> ZephonIterableDataset:
         """A torch IterableDataset yielding ``(batch, LaneDelta)``; prefer ``dataloader()``."""
-        topo = self.topology()
-        return ZephonIterableDataset(
-            self, Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size), self._restore
-        )
+        return ZephonIterableDataset(self.run_spec())
 
-    def _live_current(self) -> StreamHandle | None:
-        cur = self._current
-        return cur if cur is not None and not cur.closed else None
-
-    def _next_start(
-        self, restore: Any, allow_changes: Iterable[str], what: str, origin: str | None = None
-    ) -> PipelineState | None:
-        live = self._live_current()
-        if live is not None:
-            raise LifecycleError(
-                f"{what}: this pipeline already has a live "
-                f"{'loader' if isinstance(live, ZephonDataLoader) else 'iterator'}; close it "
-                "first (pipe.close()), or use pipe.iterate() for an independent iterator"
-            )
-        if restore is not None:
-            start = self._admit(restore, allow_changes, origin)
-        else:
-            if self._restore_used:
-                where = "the loaded state" if self._restore is not None else "the beginning"
-                raise LifecycleError(
-                    f"{what}: this pipeline's stream was started by a handle that is now "
-                    f"closed; another would repeat its data from {where}. Continue with "
-                    f"restore=pipe.checkpoint(), or call load_state_dict() first"
-                )
-            start = self._restore
-        return start
-
-    # -- conveniences over the current handle -------------------------------------------
+    # -- conveniences over the current run (engine/current_run.py) ------------------------
     def __iter__(self) -> PipelineIterator:
-        live = self._live_current()
-        if isinstance(live, PipelineIterator):
-            return live
-        if live is not None:
-            raise LifecycleError(
-                "this pipeline is consumed through pipe.dataloader(); "
-                "iterate the loader, not the pipeline"
-            )
-        it = PipelineIterator(self, self._next_start(None, (), "iter(pipe)"))
-        self._set(_current=it, _restore_used=True)
-        return it
+        return self._current_run.iterator(lambda start: PipelineIterator(self._spec(start)))
 
     def load_state_dict(
         self,
@@ -485,74 +476,31 @@ class Pipeline:
             LifecycleError: the pipeline already has a live iterator or loader.
             CorruptCheckpoint / IncompatibleCheckpoint: see ``checkpoint/restore.py``.
         """
-        live = self._live_current()
-        if live is not None:
-            kind = "loader" if isinstance(live, ZephonDataLoader) else "iterator"
-            raise LifecycleError(
-                "load_state_dict() must come before iter(pipe) / pipe.dataloader(): this "
-                f"pipeline already has a live {kind}, which would not follow the restore. "
-                "Restore first, pass the state to the handle (pipe.iterate(restore=state), "
-                "pipe.dataloader(restore=state)), or pipe.close() first"
-            )
-        parsed = self._admit(state, allow_changes, origin)
-        self._set(_restore=parsed, _restore_used=False, _current=None)
+        self._current_run.load(functools.partial(self._admit, state, allow_changes, origin))
 
     def checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """The current handle's state (see the handle's ``checkpoint``); with none, the state
         the next handle starts from."""
-        cur = self._current
-        if cur is not None:
-            return cur.checkpoint(served)
-        if served is not None:
-            raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
-        if not self.checkpointing:
-            raise ConfigError(
-                "this pipeline was built with checkpointing=False; build it "
-                "with checkpointing=True to take checkpoints"
-            )
-        start = self._restore or initial_state(self.compile(), list(range(self.canonical_replicas)))
-        return start.to_dict()
+        return self._current_run.checkpoint(served, self.compile)
 
     state_dict = checkpoint
 
     def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """This rank's lanes only (see ``StreamHandle.local_checkpoint``)."""
-        cur = self._current
-        if cur is not None:
-            return cur.local_checkpoint(served)
-        full = PipelineState.from_dict(self.checkpoint(served))
-        topo = self.topology()
-        mine = rank_lanes(self.canonical_replicas, topo.dp_size, topo.dp_rank, full.position)
-        full.lanes = {lane: full.lanes[lane] for lane in mine}
-        return {
-            "rank": topo.rank,
-            "dp_rank": topo.dp_rank,
-            "dp_size": topo.dp_size,
-            "state": full.to_dict(),
-        }
+        return self._current_run.local_checkpoint(served, self.compile, self.topology())
 
     def stats(self) -> dict[str, Any]:
         """The current handle's live counters."""
-        cur = self._current
-        if cur is None:
-            raise LifecycleError("stats() of a pipeline that is not running: iterate it first")
-        return cur.stats()
+        return self._current_run.stats()
 
     @property
     def chunks_replayed(self) -> int:
         """Restored inflight chunks replayed by the current iterator's lanes."""
-        cur = self._current
-        if not isinstance(cur, PipelineIterator):
-            raise LifecycleError(
-                "chunks_replayed is known for an iterator of this process "
-                "(iter(pipe) or pipe.iterate()), not before or for a loader"
-            )
-        return cur.chunks_replayed
+        return self._current_run.chunks_replayed()
 
     def close(self) -> None:
         """Close the current handle (idempotent); its state stays readable."""
-        if self._current is not None:
-            self._current.close()
+        self._current_run.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -561,10 +509,8 @@ class Pipeline:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        # a pipeline pickles as its description (plus a pending restore)
-        state = self.__dict__.copy()
-        state.update(_plan=None, _current=None, _restore_used=False)
-        return state
+        # a pipeline pickles as its description (plus a pending restore: CurrentRun)
+        return {**self.__dict__, "_memo": _PlanMemo()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -585,16 +531,15 @@ class Pipeline:
         """``load_state_dict(Pipeline.load(path))``."""
         self.load_state_dict(self.load(path))
 
-    def _aggregator_for(self, topology: Topology) -> Any:
-        from ..distributed.aggregate import Aggregator
 
-        return Aggregator.create(
-            topology,
-            self.aggregate_dir,
-            self.aggregate_store,
-            self.aggregate_timeout_s,
-            self.canonical_replicas,
-        )
+class _PlanMemo:
+    """The compiled plan of one description (a cache, not state: compiling again gives an
+    equal plan)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: Plan | None = None):
+        self.plan = plan
 
 
 def _checked_options(o: dict[str, Any]) -> dict[str, Any]:

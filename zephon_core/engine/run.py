@@ -28,6 +28,7 @@ from ..checkpoint.state import Delivery, LaneDelta, LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
 from .compile import Plan
+from .consumer import state_at
 from .lane_stream import END_OF_LANE, LaneStream, Output
 from .mixture_report import mixture_report
 from .processes import StagePool, can_start_processes
@@ -193,13 +194,7 @@ class PipelineRun:
 
     def snapshot(self) -> PipelineState:
         """This process's lanes at the global position it reached."""
-        return PipelineState(
-            self.plan.fingerprint,
-            self.plan.config,
-            self.position(),
-            self.lane_states(),
-            self.plan.content,
-        )
+        return state_at(self.plan, self.position(), self.lane_states())
 
     def delta(self, lane: int) -> LaneDelta:
         """What a consumer in another process needs to mirror ``lane`` after its last output."""
@@ -281,4 +276,4 @@ def initial_state(plan: Plan, lanes: list[int], position: int = 0) -> PipelineSt
         )
         for lane in lanes
     }
-    return PipelineState(plan.fingerprint, plan.config, position, states, plan.content)
+    return state_at(plan, position, states)

@@ -1,7 +1,7 @@
 """PyTorch DataLoader integration: worker states travel with their batches (``docs/design.md`` §5).
 
-``pipe.torch_dataset()`` is a torch ``IterableDataset``; in each DataLoader
-worker it serves that worker's share of this rank's lanes and yields
+``pipe.torch_dataset()`` (``ZephonIterableDataset(spec)``) is a torch ``IterableDataset``; in
+each DataLoader worker it serves that worker's share of this rank's lanes and yields
 ``(batch, LaneDelta)`` pairs. :class:`ZephonDataLoader` unwraps them: it
 applies the delta of each batch it hands to the training loop to a per-lane
 lane state, so its state is the one right after the last batch the consumer
@@ -11,9 +11,11 @@ round-robin because worker ``w`` owns every ``W``-th lane of the rank's list;
 a worker whose lanes have all ended stops, and the consumer counts the turns of
 ended lanes it no longer sees.
 
-The loader is a handle (``engine/handle.py``): it owns its state, and
+The loader is a handle (``engine/handle.py``) built from a
+:class:`~zephon_core.engine.run_spec.RunSpec` alone: it owns its state, and
 ``iter(loader)`` again continues from what was consumed (workers restart and replay
-the inflight chunks).
+the inflight chunks). Each pass takes its turns through the consumer core
+(``engine/consumer.py``), as the in-process iterator does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -33,28 +35,26 @@ from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
 from ..ops.token_batch import TokenBatch
 from ..validate import int_arg
+from .compile import Plan
+from .consumer import ConsumerSteps, state_at
 from .cores import size_worker_threads
-from .handle import StreamHandle, _failed_earlier
+from .handle import StreamHandle
 from .mixture_report import mixture_report
 from .restore_log import RestoreLog
 from .run import PipelineRun, Skip, initial_state
+from .run_spec import RunSpec
 from .stats import WorkerStats, sum_worker_stats
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
 
 
 class ZephonIterableDataset(IterableDataset):
     """Yields ``(batch, LaneDelta)``; use :class:`ZephonDataLoader` to consume it."""
 
-    def __init__(self, pipeline: Pipeline, topology: Topology, restore: PipelineState | None):
-        self.pipeline = pipeline
-        self.topology = topology
-        self.restore = restore
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
 
     def __iter__(self) -> Iterator[tuple[Any, LaneDelta]]:
         info = get_worker_info()
-        topo = self.topology
+        topo = self.spec.topology
         if info is not None:
             size_worker_threads(info.num_workers)  # before any native pool starts here
             topo = Topology(
@@ -63,7 +63,7 @@ class ZephonIterableDataset(IterableDataset):
         # every run gives its lanes fresh operators: nothing carries over from the last one
         # a worker ships batches as TokenBatch: the training process builds the tensors
         run = PipelineRun(
-            self.pipeline.compile(), self.restore, topo, emit_skips=True,
+            self.spec.plan_here(), self.spec.start, topo, emit_skips=True,
             compact_batches=info is not None,
         )  # fmt: skip
         wire = _to_wire if info is not None else _identity
@@ -90,13 +90,12 @@ class RankConsumer:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        plan: Plan,
         topology: Topology,
         restore: PipelineState | None,
         served: int = 0,
         max_read_ahead: int = MAX_READ_AHEAD,
     ):
-        plan = pipeline.compile()
         self.plan = plan
         self.topology = topology
         self.start = restore.position if restore is not None else 0
@@ -163,9 +162,7 @@ class RankConsumer:
                 states[lane] = before
                 turn -= taken
                 back -= was_batch
-        return PipelineState(
-            self.plan.fingerprint, self.plan.config, self.position(turn), states, self.plan.content
-        )
+        return state_at(self.plan, self.position(turn), states)
 
     def stats(self) -> dict[str, Any]:
         mirrors = list(self.mirrors.values())
@@ -192,13 +189,19 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         loader = pipe.dataloader(num_workers=2, pin_memory=True)
         for step, batch in enumerate(loader): ...
         state = loader.state_dict()     # the state right after the last batch taken
+
+    Args:
+        spec: what to run (``pipe.run_spec(restore=...)``); nothing else is consulted.
+        num_workers: DataLoader workers; ``(canonical_replicas / dp_size) % num_workers``
+            must be 0.
+        max_read_ahead: batches the training loop may take beyond the last one it
+            consumed and still ``checkpoint(served=...)`` at that one.
+        kwargs: more ``torch.utils.data.DataLoader`` arguments (not batching ones).
     """
 
     def __init__(
         self,
-        pipeline: Pipeline,
-        topology: Topology,
-        restore: PipelineState | None,
+        spec: RunSpec,
         num_workers: int = 0,
         max_read_ahead: int = MAX_READ_AHEAD,
         **kwargs: Any,
@@ -216,13 +219,15 @@ class ZephonDataLoader(StreamHandle, DataLoader):
                 "iterator must restart workers from the consumed state"
             )
         max_read_ahead = int_arg("max_read_ahead", max_read_ahead, minimum=1, where="dataloader")
-        validate(pipeline.canonical_replicas, topology.dp_size, num_workers)
-        self._init_handle(pipeline, topology)
+        validate(spec.plan.num_lanes, spec.topology.dp_size, num_workers)
+        self._init_handle(spec)
         self.max_read_ahead = max_read_ahead
-        self.consumer = RankConsumer(pipeline, topology, restore, max_read_ahead=max_read_ahead)
-        self._agree = step_agreement(topology, is_finite(pipeline.source))
+        self.consumer = RankConsumer(
+            spec.plan, spec.topology, spec.start, max_read_ahead=max_read_ahead
+        )
+        self._agree = step_agreement(spec.topology, is_finite(spec.plan.source))
         self._live: weakref.WeakSet[_LoaderIterator] = weakref.WeakSet()
-        dataset = ZephonIterableDataset(pipeline, topology, restore)
+        dataset = ZephonIterableDataset(spec)
         super().__init__(
             dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs
         )
@@ -237,18 +242,20 @@ class ZephonDataLoader(StreamHandle, DataLoader):
             it.close()
         consumer = self.consumer
         # a new iterator restarts workers from exactly what was consumed so far
-        self.dataset.restore = consumer.snapshot() if consumer.turn else self.dataset.restore
+        if consumer.turn:
+            self.dataset.spec = self.dataset.spec.restarted(consumer.snapshot())
+        start = self.dataset.spec.start
         self.consumer = RankConsumer(
-            self._pipeline,
-            self._topology,
-            self.dataset.restore,
+            self.spec.plan,
+            self.spec.topology,
+            start,
             served=consumer.served,
             max_read_ahead=self.max_read_ahead,
         )
         it = _LoaderIterator(self, super().__iter__())
         # the first pass logs the restore; later passes continue this loader's own stream
         first, self._iterated = not getattr(self, "_iterated", False), True
-        it._restore_log = RestoreLog(self.dataset.restore if first else None, self.consumer.order)
+        it._restore_log = RestoreLog(start if first else None, self.consumer.order)
         self._live.add(it)
         return it
 
@@ -275,54 +282,31 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         self._close_aggregator()
 
 
-class _LoaderIterator(Iterator[Any]):
+class _LoaderIterator(ConsumerSteps):
     """One pass of a :class:`ZephonDataLoader`; applies the delta of each batch it hands
     out. Ends only when the stream ends; after an error it never pretends to."""
+
+    _what = "loader iterator"
+    _continue_hint = "iter(loader) restarts from the batches consumed so far"
 
     def __init__(self, loader: ZephonDataLoader, source: Iterator[Any]):
         self._loader = loader
         self._source: Iterator[Any] | None = source
-        self._several = loader._topology.dp_size > 1
-        self._done = False
-        self._failure: BaseException | None = None
-        self._restore_log = RestoreLog(None, ())
+        self._several = loader.spec.topology.dp_size > 1
+        self._agree = loader._agree
 
     def __iter__(self) -> _LoaderIterator:
         return self
 
-    def __next__(self) -> Any:
-        if self._failure is not None:
-            raise _failed_earlier(
-                "loader iterator",
-                self._failure,
-                "iter(loader) restarts from the batches consumed so far",
-            ) from self._failure
-        if self._done:
-            raise StopIteration
-        if self._source is None:
+    # -- the turn (engine/consumer.py) ----------------------------------------------------
+    def _refuse(self) -> None:
+        if self._source is None and not self._done:
             raise LifecycleError(
                 "this loader iterator was closed; iter(loader) continues "
                 "from the batches consumed so far"
             )
-        try:
-            item = self._prepare()
-            agree = self._loader._agree
-            if agree is not None and not agree(item is not None):
-                item = None
-            if item is None:
-                self._end()
-                raise StopIteration
-            out = self._commit(item)
-            self._restore_log.first_output()
-            return out
-        except StopIteration:
-            raise
-        except BaseException as e:
-            self._failure = e
-            self.close()
-            raise
 
-    def _prepare(self) -> tuple[Any, LaneDelta] | None:
+    def prepare(self) -> tuple[Any, LaneDelta] | None:
         """The next batch and its delta (not yet applied); None at this rank's end."""
         consumer = self._loader.consumer
         while True:
@@ -336,17 +320,20 @@ class _LoaderIterator(Iterator[Any]):
                 return None  # an ended lane's turn: a hole in the step (finite_end.py)
             consumer.apply(delta, served=False)
 
-    def _commit(self, item: tuple[Any, LaneDelta]) -> Any:
+    def commit(self, item: tuple[Any, LaneDelta]) -> Any:
         payload, delta = item
         # built first: if building fails, the batch was not handed out and must not count
         out = _from_wire(payload, self._loader.pin_memory)
         self._loader.consumer.apply(delta, served=True)
         return out
 
-    def _end(self) -> None:
+    def end(self) -> None:
         self._done = True
         self._source = None
         self._loader._ended = True
+
+    def _fail(self) -> None:
+        self.close()
 
     def close(self) -> None:
         """Stop this pass's workers or in-process run (a new ``iter(loader)`` continues)."""

@@ -78,19 +78,19 @@ class SimulatedRanks:
 
     @property
     def lanes(self) -> int:
-        return self.handles[0]._pipeline.canonical_replicas
+        return self.handles[0].spec.plan.num_lanes
 
     def step(self) -> list[Any] | None:
         """One step: the output of every global rank in rank order, or None at the end
         (when any rank has no output for the step, none delivers it)."""
         if len(self.iters) == 1:
             return list(itertools.islice(self.iters[0], 1)) or None
-        prepared = [it._prepare() for it in self.iters]
+        prepared = [it.prepare() for it in self.iters]
         if any(p is None for p in prepared):
             for it in self.iters:
-                it._end()
+                it.end()
             return None
-        return [it._commit(p) for it, p in zip(self.iters, prepared)]
+        return [it.commit(p) for it, p in zip(self.iters, prepared)]
 
     def steps(self, n: int) -> list[Any]:
         """``n`` steps of the global stream (one output per data-parallel rank per step)."""
