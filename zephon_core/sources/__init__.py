@@ -1,6 +1,7 @@
 """Work sources: where a pipeline's sample pointers come from.
 
-A :class:`SourceSpec` (e.g. :class:`StaticMixtureWorkSource`) opens one
+A :class:`Source` (e.g. :class:`StaticMixtureWorkSource`; the :class:`SourceSpec`
+protocol is its required part) opens one
 :class:`WorkSource` per lane; each produces :class:`WorkChunk` s whose position
 is restored in O(1) from a small state dict.
 """
@@ -8,7 +9,7 @@ is restored in O(1) from a small state dict.
 from __future__ import annotations
 
 from ..chunk import WorkChunk
-from .base import SourceSpec, WorkSource
+from .base import Source, SourceSpec, WorkSource
 from .parquet import ParquetComponent, parquet_component
 from .permutation import KeyedPermutation
 from .schedule import WeightSchedule
@@ -17,6 +18,7 @@ from .static_mixture import StaticMixtureWorkSource
 __all__ = [
     "KeyedPermutation",
     "ParquetComponent",
+    "Source",
     "SourceSpec",
     "StaticMixtureWorkSource",
     "WeightSchedule",
