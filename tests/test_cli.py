@@ -116,6 +116,8 @@ def test_inspect_reads_every_kind_of_checkpoint(work, name):
     assert info["inflight_chunks"] == sum(lane["inflight_chunks"] for lane in info["lanes"])
     text = run("inspect", name, cwd=work)
     assert "global position 30" in text.stdout and "lane   0" in text.stdout
+    # the weights as given (0.7/0.3), not as the integers the fingerprint holds (7, 3)
+    assert "datasets (weights 0.7, 0.3 in documents)" in text.stdout, text.stdout
 
 
 def test_inspect_of_something_else_is_a_clear_error(work):

@@ -20,6 +20,7 @@ from zephon_core import (
     StaticMixtureWorkSource,
 )
 from zephon_core.errors import CorruptCheckpoint
+from zephon_core.sources.mixture_rows import LaneRows
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
 MATH = make_docs(70, 5, 300, 3, "m")
@@ -60,7 +61,7 @@ def _cut(weights: dict, n: int, **kw) -> tuple[list, dict]:
 def _lane_rows(names: list[str], lane: int, name: str, count: int) -> list[int]:
     """The rows a lane reads of one dataset, in order (its positions lane, lane + C, ...)."""
     src = StaticMixtureWorkSource({n: DATA[n] for n in names}, chunk_size=8, seed=SEED)
-    return src.open_lane(lane, LANES, seed=0)._rows(names.index(name), 0, count)
+    return LaneRows(src, lane, LANES).rows(names.index(name), 0, count)
 
 
 def _check_positions(outputs: list[dict], names: list[str], slack: int = 0) -> None:

@@ -403,3 +403,14 @@ def test_same_lane_can_rewind_and_jump() -> None:
     assert _take(lane, 40) == first
     lane.load_state_dict(mid)
     assert _take(lane, 40) == after_mid
+
+
+def test_weights_show_as_given_not_as_reduced_integers():
+    src = StaticMixtureWorkSource(
+        {"prose": list(range(10)), "code": list(range(5))}, {"prose": 0.7, "code": 0.3}
+    )
+    assert src.describe()["weights"] == [7, 3]  # the fingerprint's form
+    assert src.given_weights() == (0.7, 0.3)
+    assert (
+        repr(src) == "StaticMixtureWorkSource({'prose': 0.7, 'code': 0.3}, chunk_size=64, seed=0)"
+    )

@@ -59,8 +59,7 @@ def _old_digest(change: ContentChange, plan: Any) -> str | None:
         op = next((op for op in plan.ops if op.name == change.name), None)
         compute = getattr(op, "legacy_content_fingerprint", None)
         return compute() if callable(compute) else None
-    compute = getattr(plan.source, "legacy_content_fingerprint", None)
-    return compute(change.name) if callable(compute) else None
+    return plan.source.legacy_content_fingerprint(change.name)
 
 
 def function_fix(written_by: str | None) -> str:

@@ -64,8 +64,9 @@ def classify_diff(
 ):
     """(other, mixture, component, data) differences of two configs: ``data`` holds the
     length changes of datasets in both (their data changed: ``resize.py``)."""
-    mix_keys = getattr(source, "MIXTURE_KEYS", frozenset())
-    comp_keys = getattr(source, "COMPONENT_KEYS", frozenset())
+    # a live source, a Source class (``zephon diff`` knows only the class), or None
+    mix_keys = source.MIXTURE_KEYS if source is not None else frozenset()
+    comp_keys = source.COMPONENT_KEYS if source is not None else frozenset()
     data_paths = resize_lines(saved, current)
     other, mix, comp, data = [], [], [], []
     for line in config_diff(saved, current):
@@ -136,12 +137,7 @@ def remix(state: PipelineState, plan: Any, allowed: frozenset[str]) -> PipelineS
             + ". Rebuild the pipeline as it was; only the mixture may change at a restore "
             "(allow_changes={'weights'} / {'weights', 'components'})"
         )
-    translate = getattr(source, "remix_lane_state", None)
-    if translate is None:
-        raise IncompatibleCheckpoint(
-            f"the source {type(source).__name__} cannot re-mix a checkpoint "
-            "(it has no remix_lane_state): rebuild it exactly as it was"
-        )
+    translate = source.remix_lane_state  # Source's default refuses: it cannot re-mix
     old_names = list(state.config["source"]["names"])
     new_names = list(source.component_names)
     index = {d: (new_names.index(n) if n in new_names else None) for d, n in enumerate(old_names)}

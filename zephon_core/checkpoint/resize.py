@@ -96,7 +96,7 @@ def accept_resized(state: PipelineState, plan: Any) -> PipelineState:
     changes = resized(state.config, plan.config)
     if not changes:
         return state
-    lengths = list(plan.source.lengths)
+    lengths = list(plan.source.lengths or ())  # None: the source does not say
     wrapped = 0
     lanes = {}
     for lane, ls in state.lanes.items():

@@ -253,10 +253,8 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
                     f"{where}: prior targets of {name!r}: no operator of this pipeline with "
                     f"mixture targets has that name ({sorted(mixing)})"
                 )
-    check = getattr(plan.source, "check_chunk", None)
-    if check is not None:
-        for chunk in ls.chunks:
-            check(chunk)
+    for chunk in ls.chunks:
+        plan.source.check_chunk(chunk)
     try:
         src = plan.source.open_lane(ls.lane, plan.num_lanes, plan.seed)
         src.load_state_dict(ls.source)
@@ -268,7 +266,7 @@ def _check_lane(ls: LaneState, plan: Any) -> None:
         raise CorruptCheckpoint(
             f"{where}: the source rejected its saved state ({type(e).__name__}: {e})"
         ) from e
-    next_id = getattr(src, "next_chunk_id", None)
+    next_id = plan.source.resumes_at(src)
     if next_id is not None and next_id != ls.next_chunk:
         raise CorruptCheckpoint(
             f"{where}: next_chunk={ls.next_chunk} but the source state continues at chunk {next_id}"

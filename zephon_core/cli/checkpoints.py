@@ -21,6 +21,7 @@ from ..checkpoint.state import PipelineState
 from ..checkpoint.trainer_files import HF_STATE_FILE, legacy_lightning_state, lightning_entry
 from ..engine.mixture_report import dataset_totals
 from ..errors import CorruptCheckpoint
+from ..sources.mixture_state import lane_scheduled
 from .torch_files import load_torch_file
 
 
@@ -99,7 +100,7 @@ def summary(state: dict[str, Any], parsed: PipelineState) -> dict[str, Any]:
         list(src.get("names", [])),
         list(src.get("lengths", [])),
         [ls.get("tokens", []) for ls in state.get("lanes", [])],
-        [ls.get("source") or {} for ls in state.get("lanes", [])],
+        [lane_scheduled(ls.get("source"))[0] for ls in state.get("lanes", [])],
     )
     components = {
         name: {

@@ -127,7 +127,7 @@ def inspect(path: str, as_json: bool, trust_pickle: bool) -> None:
         f"{info['inflight_chunks']} inflight chunks to replay"
     )
     unit = src.get("weights_unit", "documents")
-    click.echo(f"  datasets (weights {src.get('weights')} in {unit}):")
+    click.echo(f"  datasets (weights {_shares(src.get('weights'))} in {unit}):")
     for name, c in info["components"].items():
         epochs = "?" if c["epochs"] is None else f"{c['epochs']:.3f}"
         click.echo(
@@ -297,3 +297,12 @@ def convert(
     except ZephonError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {len(written)} Parquet shard(s) under {output}")
+
+
+def _shares(weights: Any) -> str:
+    """The configuration's weights (reduced to integers for the fingerprint, e.g.
+    ``[7, 3]``) as the shares they stand for: ``0.7, 0.3``."""
+    if not isinstance(weights, list) or not weights or not sum(weights):
+        return repr(weights)
+    total = sum(weights)
+    return ", ".join(f"{w / total:.6g}" for w in weights)

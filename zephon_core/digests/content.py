@@ -63,7 +63,6 @@ __all__ = [
 def content_fingerprints(source: Any, ops: Sequence[Any]) -> dict[str, Any]:
     """``{"components": {name: digest}, "ops": {operator name: digest}, "parts":
     {operator name: {part: digest}}}`` of a plan."""
-    components = getattr(source, "content_fingerprints", None)
     out_ops, parts = {}, {}
     with shared_texts():  # a tokenizer is serialized once for the digest and the parts
         for op in ops:
@@ -74,7 +73,7 @@ def content_fingerprints(source: Any, ops: Sequence[Any]) -> dict[str, Any]:
                 if callable(named):
                     parts[op.name] = named()
     return {
-        "components": dict(components()) if components is not None else {},
+        "components": dict(source.content_fingerprints()),
         "ops": out_ops,
         "parts": parts,
     }

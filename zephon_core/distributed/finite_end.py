@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..sources.base import as_source
 from .topology import Topology
 
 
@@ -51,5 +52,5 @@ def step_agreement(topology: Topology, finite: bool) -> Callable[[bool], bool] |
 
 
 def is_finite(source: Any) -> bool:
-    """Whether a source's lanes can end (sources that do not say are treated as finite)."""
-    return bool(getattr(source, "finite", True))
+    """Whether a source's lanes can end (``Source.finite``; True unless it says)."""
+    return bool(as_source(source).finite)

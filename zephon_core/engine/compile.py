@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
 from ..rng import derive_seed
+from ..sources.base import as_source
 from ..validate import int_arg
 from .cores import core_share, resolve_parallelism
 from .length_estimate import estimate_lengths
@@ -212,6 +213,7 @@ def compile_plan(
     stall_timeout_s: float | None = None,
 ) -> Plan:
     _validate_ops(ops)
+    source = as_source(source)  # the engine uses a source only through Source's members
     monotone = all(op.traits.preserves_cursor_order for op in ops)
     k = resolve_k(k, monotone)
     ops = [_fresh(op) for op in ops]  # the user's objects stay unbound
@@ -235,7 +237,7 @@ def compile_plan(
     _bind(ops, source, seed)
     # once per compile: the restore compares them, and they key the length estimate
     content = content_fingerprints(source, user_ops)
-    if getattr(source, "needs_length_estimate", ()):
+    if source.needs_length_estimate:
         # token-weighted mixing without given lengths: measure with these operators
         source = estimate_lengths(source, ops, seed, content)
         _bind(ops, source, seed)

@@ -20,27 +20,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..sources.base import Source
+
 __all__ = ["dataset_totals", "metrics_of", "mixture_report"]
 
 
 def mixture_report(
-    source: Any, tokens: Iterable[Sequence[int]], source_states: Iterable[Mapping[str, Any]]
+    source: Source, tokens: Iterable[Sequence[int]], source_states: Iterable[Mapping[str, Any]]
 ) -> dict[str, dict[str, float]]:
-    """Per-dataset numbers from the lanes' delivered token counters and source states."""
-    states = list(source_states)
-    out = dataset_totals(
-        list(source.component_names), getattr(source, "lengths", None), tokens, states
-    )
-    scheduled = sum(
-        st["tokens"]
-        for st in states
-        if isinstance(st, Mapping) and isinstance(st.get("tokens"), int)
-    )
-    target = _target(source, scheduled, int(sum(row["documents"] for row in out.values())))
-    if target is not None:
-        unit = getattr(source, "weights_unit", "documents")
-        for i, row in enumerate(out.values()):
-            row[f"{unit[:-1]}_share_target"] = target[i]
+    """Per-dataset numbers from the lanes' delivered token counters and source states
+    (read through ``source.scheduled``: the report knows no source's state keys)."""
+    documents, scheduled = [], 0
+    for st in source_states:
+        docs, toks = source.scheduled(st)
+        documents.append(docs)
+        scheduled += toks
+    out = dataset_totals(list(source.component_names), source.lengths, tokens, documents)
+    total_docs = int(sum(row["documents"] for row in out.values()))
+    target = source.weights_at(tokens=scheduled, documents=total_docs)
+    unit = source.weights_unit
+    for i, row in enumerate(out.values()):
+        row[f"{unit[:-1]}_share_target"] = float(target[i])
     return out
 
 
@@ -48,21 +48,21 @@ def dataset_totals(
     names: Sequence[str],
     sizes: Sequence[int] | None,
     tokens: Iterable[Sequence[int]],
-    source_states: Iterable[Mapping[str, Any]],
+    documents: Iterable[Sequence[int] | None],
 ) -> dict[str, dict[str, float]]:
     """``tokens``/``token_share``, ``documents``/``document_share`` and, given the
     datasets' sizes, ``epochs`` per dataset, summed over lanes (also what ``zephon
-    inspect`` reads from a saved state)."""
+    inspect`` reads from a saved state). ``documents``: per lane, the documents it
+    scheduled per dataset (None: unknown)."""
     n = len(names)
     tok = [0] * n
     for lane_tokens in tokens:
         for i, t in enumerate(lane_tokens[:n]):
             tok[i] += t
     docs = [0] * n
-    for st in source_states:
-        cursors = st.get("cursors") if isinstance(st, Mapping) else None
-        if isinstance(cursors, list) and len(cursors) == n:
-            for i, c in enumerate(cursors):
+    for lane_docs in documents:
+        if lane_docs is not None and len(lane_docs) == n:
+            for i, c in enumerate(lane_docs):
                 docs[i] += c
     tok_total, doc_total = sum(tok), sum(docs)
     out: dict[str, dict[str, float]] = {}
@@ -77,14 +77,6 @@ def dataset_totals(
             row["epochs"] = docs[i] / sizes[i]
         out[name] = row
     return out
-
-
-def _target(source: Any, scheduled_tokens: int, documents: int) -> Sequence[float] | None:
-    at = getattr(source, "weights_at", None)
-    if at is not None:
-        return list(at(tokens=scheduled_tokens, documents=documents))
-    weights = getattr(source, "weights", None)
-    return list(weights) if weights is not None else None
 
 
 def metrics_of(report: Mapping[str, Mapping[str, float]], prefix: str = "zephon/") -> dict:

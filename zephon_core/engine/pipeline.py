@@ -41,7 +41,7 @@ from ..ops import (
     ShuffleOp,
     SplitOp,
 )
-from ..sources.base import SourceSpec
+from ..sources.base import SourceSpec, as_source
 from ..validate import bool_arg, int_arg, number_arg
 from .compile import Plan, compile_plan
 from .cores import core_share
@@ -115,12 +115,7 @@ class Pipeline:
         aggregate_timeout_s: float = 300.0,
         stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S,
     ):
-        for attr in ("open_lane", "read", "describe", "component_names", "weights"):
-            if not hasattr(source, attr):
-                raise ConfigError(
-                    f"source {type(source).__name__} lacks {attr!r}; pass a "
-                    "StaticMixtureWorkSource or implement the SourceSpec protocol"
-                )
+        as_source(source)  # refuse an object that is no source now, not at compile
         canonical_replicas = int_arg("canonical_replicas", canonical_replicas, minimum=1)
         seed = int_arg("seed", seed)
         checkpointing = bool_arg("checkpointing", checkpointing)

@@ -27,6 +27,7 @@ from typing import Any
 from ..checkpoint.state import Delivery, LaneDelta, LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
+from ..sources.repetition import has_deferred, take_deferred
 from .compile import Plan
 from .consumer import state_at
 from .lane_stream import END_OF_LANE, LaneStream, Output
@@ -202,7 +203,8 @@ class PipelineRun:
         delta = self.streams[lane].ledger.delta(d, self.shipped.get(lane, d.floor))
         self.shipped[lane] = delta.next_chunk
         self._deltas += 1
-        if self._deltas % SHIP_EVERY == 1:  # the first, then every SHIP_EVERY-th
+        # the first, then every SHIP_EVERY-th, and any with a warning to show
+        if self._deltas % SHIP_EVERY == 1 or has_deferred():
             delta = dataclasses.replace(delta, stats=self.worker_stats())
         return delta
 
@@ -215,12 +217,12 @@ class PipelineRun:
             pad_tokens=sum(op.pad_tokens for op in batches),
             total_tokens=sum(op.total_tokens for op in batches),
             io=self.io_stats(),
+            warnings=take_deferred(),
         )
 
     def io_stats(self) -> dict[str, dict[str, int]]:
         """Reads, cache hits and retries of datasets that count them (this process)."""
-        io = getattr(self.plan.source, "io_stats", None)
-        return io() if callable(io) else {}
+        return self.plan.source.io_stats()
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0

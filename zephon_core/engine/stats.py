@@ -46,6 +46,8 @@ class WorkerStats(NamedTuple):
     pad_tokens: int
     total_tokens: int
     io: dict[str, dict[str, int]] = {}  # shared default, never mutated
+    #: repetition warnings this worker deferred: the training process logs them once
+    warnings: tuple = ()
 
 
 def sum_worker_stats(names: list[str], workers: list[WorkerStats]) -> dict:

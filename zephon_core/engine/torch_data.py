@@ -34,6 +34,7 @@ from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
 from ..errors import ConfigError, ContractViolation, LifecycleError
 from ..ops.token_batch import TokenBatch
+from ..sources.repetition import defer_warnings, log_deferred
 from ..validate import int_arg
 from .compile import Plan
 from .consumer import ConsumerSteps, state_at
@@ -57,6 +58,7 @@ class ZephonIterableDataset(IterableDataset):
         topo = self.spec.topology
         if info is not None:
             size_worker_threads(info.num_workers)  # before any native pool starts here
+            defer_warnings()  # the training process logs them, once for all workers
             topo = Topology(
                 topo.rank, topo.world_size, topo.dp_rank, topo.dp_size, info.id, info.num_workers
             )
@@ -132,6 +134,7 @@ class RankConsumer:
         self.served += served
         if delta.stats is not None:  # the latest counters of the worker that sent it
             self.workers[delta.stats.worker] = delta.stats
+            log_deferred(delta.stats.warnings)
         if self.started_at is None:
             self.started_at = time.perf_counter()
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import ConfigError, ContractViolation
 from ..records import Record
+from ..sources.base import Source
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class OpContext:
     index: int
     component_names: tuple[str, ...]
     weights: tuple[float, ...]
-    source: Any = None
+    #: the pipeline's source (a ``Source``: compile adapts any other); None in unit tests
+    source: Source | None = None
     upstream: tuple[Operator, ...] = field(default=())
     lane: int | None = None
 

@@ -79,7 +79,8 @@ class EnsureMixtureOp(Operator):
         self._total = 0
 
     def bind(self, ctx: OpContext) -> None:
-        if self.user_weights is None and getattr(ctx.source, "schedule", None) is not None:
+        scheduled = ctx.source is not None and ctx.source.schedule is not None
+        if self.user_weights is None and scheduled:
             raise ConfigError(
                 "ensure_mixture() holds fixed targets, but the source's weights follow a "
                 "WeightSchedule: give ensure_mixture(weights=...) explicitly, or leave it "

@@ -13,7 +13,7 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ..chunk import WorkChunk
-    from .base import SourceSpec, WorkSource
+    from .base import Source, SourceSpec, WorkSource
     from .parquet import ParquetComponent, parquet_component
     from .permutation import KeyedPermutation
     from .schedule import WeightSchedule
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KeyedPermutation",
     "ParquetComponent",
+    "Source",
     "SourceSpec",
     "StaticMixtureWorkSource",
     "WeightSchedule",
@@ -32,6 +33,7 @@ __all__ = [
 
 _WHERE = {
     "WorkChunk": "..chunk",
+    "Source": ".base",
     "SourceSpec": ".base",
     "WorkSource": ".base",
     "ParquetComponent": ".parquet",
