@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import worker_env
+from helpers import hang_guard_s, worker_env
 
 TRAIN = '''
 """A training script: `python train.py --out STATE`, or imported by a resume script."""
@@ -127,7 +127,12 @@ class Clip:
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*args], cwd=cwd, env=worker_env(), capture_output=True, text=True, timeout=600
+        [*args],
+        cwd=cwd,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=hang_guard_s(600),
     )
 
 
