@@ -11,7 +11,7 @@ TORCH   := torch==2.13.0
 MOSAIC_VENV := .venv-mosaic
 MOSAIC_PY   := $(MOSAIC_VENV)/bin/python
 
-.PHONY: test demo demo-kill demo-core demo-hf demo-s3 bench lint format clean
+.PHONY: test demo demo-kill demo-core demo-hf demo-s3 bench docs docs-serve lint format clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,13 @@ $(MOSAIC_PY):
 bench: $(STAMP) $(MOSAIC_PY)
 	$(VPY) -m pip install -q -e ".[bench]" "$(TORCH)"
 	MOSAIC_PYTHON=$(MOSAIC_PY) $(VPY) benchmarks/run_all.py
+
+# the documentation site (mkdocs.yml) into site/; `make test` runs the same strict build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs serve
 
 lint: $(STAMP)
 	$(VPY) -m pip install -q ruff

@@ -20,7 +20,7 @@ import tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
-from zephon_core.checkpoint.content import content_fingerprints
+from zephon_core.digests.content import content_fingerprints
 from zephon_core.ops.map import MapOp
 
 

@@ -4,9 +4,9 @@ them in ``tests/checkpoint/data/captures-<case>-03a95f2.*`` (read by
 
 03a95f2 digested a captured object whole, by its type's ``module.qualname`` and its
 state; this release digests the fields the code reads and names a user's class without
-its module (``checkpoint/digest_walk.py``). So the function digests these states hold
+its module (``digests/digest_walk.py``). So the function digests these states hold
 are not the ones this release computes, and a restore compares them by 03a95f2's rules
-(``checkpoint/legacy_digest.py``). One case per kind of captured object; ``records``:
+(``digests/legacy_digest.py``). One case per kind of captured object; ``records``:
 a dataset whose rows are objects of a user class (its component digest moved the same
 way).
 

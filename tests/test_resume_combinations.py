@@ -69,6 +69,7 @@ MONOTONE_STEPS = {
     "post_filter",
 }
 POST_BATCH = ["post_map", "post_filter"]
+PARALLEL_STEPS = {"tok", "filter", "map2", "post_map", "post_filter"}
 
 CHAINS = {
     # each operator alone (after fetch, and a tokenizer where it needs tokens)
@@ -214,8 +215,15 @@ def test_resume_equivalent(chain, lanes, k, prefetch, parallelism, queue_size):
     total = max(_total(chain, lanes, k), 2 * boundary + 2 * lanes)
     report = assert_resume_equivalent(build, cut_points(total, boundary), total)
     assert report.total == total
-    # bounded recovery: a cut never replays more than a few epochs per lane
-    assert max(report.chunks_replayed) <= lanes * (2 * max(k, 1) + 3)
+    # bounded recovery: a cut never replays more than a few epochs per lane, plus what
+    # the producer had pulled ahead of the consumer (the ledger keeps those chunks, see
+    # tracking/ledger.py): ``prefetch`` outputs and ``queue_size`` per parallel stage.
+    # How far it got depends on thread timing, so only this bound is deterministic.
+    parallel_stages = (
+        (1 + sum(s in PARALLEL_STEPS for s in CHAINS[chain])) if parallelism > 1 else 0
+    )
+    ahead = prefetch + queue_size * parallel_stages
+    assert max(report.chunks_replayed) <= lanes * (2 * max(k, 1) + 3 + ahead)
 
 
 @pytest.mark.parametrize("chain", ["reference", "full_keep_last", "to_mixture"])

@@ -8,7 +8,7 @@ A :class:`Record` is a payload plus the metadata the tracker needs:
   the cursor of its first contributor and a batch takes the cursor of its last
   member (which is what the replay filter matches).
 * ``digest`` -- set by ``batch``: the value digest of its last member, which the
-  replay filter checks on resume (``checkpoint/value_digest.py``).
+  replay filter checks on resume (``digests/value_digest.py``).
 * ``contributors`` -- every input fragment that went into the record, as
   :class:`Contributor` tuples. An offset of a chunk closes when all of its
   children were delivered or tombstoned.

@@ -14,8 +14,8 @@ import golden
 import pytest
 
 from zephon_core import IncompatibleCheckpoint, Pipeline, __version__
-from zephon_core.checkpoint.fingerprint import fingerprint
 from zephon_core.checkpoint.state import VERSION, PipelineState
+from zephon_core.digests.fingerprint import fingerprint
 from zephon_core.testing import take
 
 

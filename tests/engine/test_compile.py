@@ -9,7 +9,7 @@ import pytest
 from helpers import byte_tokenize, source
 
 from zephon_core import ConfigError, Operator, OpTraits, Pipeline
-from zephon_core.checkpoint.replay_filter import ReplayFilter
+from zephon_core.engine.replay_filter import ReplayFilter
 from zephon_core.ops import BatchOp
 
 

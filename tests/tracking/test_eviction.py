@@ -14,8 +14,8 @@ from helpers import byte_tokenize, source
 
 from zephon_core import Pipeline
 from zephon_core.checkpoint.state import Delivery, LaneState
+from zephon_core.chunk import WorkChunk
 from zephon_core.records import Contributor, SampleCursor
-from zephon_core.sources.chunk import WorkChunk
 from zephon_core.tracking.eviction import LaneTracker
 from zephon_core.tracking.ledger import LaneLedger
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from zephon_core.checkpoint.state import Delivery, LaneState
-from zephon_core.sources.chunk import WorkChunk
+from zephon_core.chunk import WorkChunk
 from zephon_core.tracking.ledger import LaneLedger
 
 

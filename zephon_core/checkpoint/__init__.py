@@ -1,1 +1,1 @@
-"""Checkpoint schema, codec, fingerprint and the replay filter."""
+"""Checkpoint states: schema, codec, restore admission, re-mixing, resized datasets."""

@@ -1,7 +1,7 @@
 """A content check of a state written before per-part digests (``restore.py``).
 
 Why: such a state (main at 03a95f2, state schema 2) holds function and dataset digests
-computed by that release's walk (``legacy_digest.py``), which differ from this one's
+computed by that release's walk (``digests/legacy_digest.py``), which differ from this one's
 for a function capturing a config object, a user-class instance or a partial of one,
 and for rows that are user-class objects. Upgrading Zephon is a harmless change, so a
 digest that differs is recomputed by the old rules, and the state is accepted when
@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .content_diff import ContentChange
-from .manifest import differs
+from ..digests.content_diff import ContentChange
+from ..digests.manifest import differs
 from .provenance import writer
 
 __all__ = ["function_fix", "is_legacy", "still_differ"]

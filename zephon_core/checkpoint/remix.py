@@ -36,10 +36,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..chunk import WorkChunk
+from ..digests.fingerprint import config_diff
 from ..errors import ConfigError, IncompatibleCheckpoint
 from ..ops.base import described_mixture_keys
-from ..sources.chunk import WorkChunk
-from .fingerprint import config_diff
 from .resize import accept_resized, resize_lines, resized, resized_refusal
 from .state import LaneState, PipelineState, Prior
 

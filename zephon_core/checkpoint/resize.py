@@ -6,7 +6,7 @@ is part of the configuration; a restore used to call that a mixture change and p
 ``allow_changes={'weights', 'components'}``, which only led to the next refusal. The
 mixture did not change, the data did: the refusal names the dataset, its rows before and
 after and, for a sharded dataset, the shards deleted, appended or rewritten
-(``manifest.py``).
+(``digests/manifest.py``).
 
 Resuming over the new data cannot be exact: each epoch's order is a permutation of the
 dataset's rows keyed by its length, so a new length draws the epoch in progress anew --
@@ -24,9 +24,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..chunk import WorkChunk
+from ..digests.manifest import describe_change
 from ..errors import CorruptCheckpoint, IncompatibleCheckpoint
-from ..sources.chunk import WorkChunk
-from .manifest import describe_change
 from .state import PipelineState
 
 log = logging.getLogger(__name__)

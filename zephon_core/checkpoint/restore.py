@@ -5,8 +5,8 @@
 ``iterate(restore=)``, ``dataloader(restore=)``, the integrations):
 
 1. schema -- ``PipelineState.from_dict`` reads keys and types strictly;
-2. content -- a digest per component and per map/filter function (``content.py``),
-   named part by part when it differs (``content_diff.py``); for a state written
+2. content -- a digest per component and per map/filter function (``digests/content.py``),
+   named part by part when it differs (``digests/content_diff.py``); for a state written
    before per-part digests, recomputed by its release's rules first
    (``legacy_content.py``); ``allow_changes={"data"}`` / ``{"functions"}`` accept a
    deliberate change (positions continue, values may differ). First, because a
@@ -36,10 +36,10 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from ..digests.content_diff import content_changes, content_diff
+from ..digests.fingerprint import config_diff
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
 from ..validate import is_int
-from .content_diff import content_changes, content_diff
-from .fingerprint import config_diff
 from .legacy_content import function_fix, is_legacy, still_differ
 from .provenance import version_note
 from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix

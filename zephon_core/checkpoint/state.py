@@ -5,7 +5,7 @@ be stored by msgpack, ``torch.save`` or a trainer's own checkpoint:
 
 ``format``, ``version``, ``fingerprint``, ``config`` (what the fingerprint
 hashes, so a mismatch can say what differs), ``content`` (digests of every
-component and user function, ``content.py``), ``position`` (the global
+component and user function, ``digests/content.py``), ``position`` (the global
 round-robin position g) and ``lanes`` -- one entry per canonical lane:
 ``lane``, ``floor`` (lowest inflight chunk id), ``next_chunk``, ``chunks``
 (the inflight chunks, in full), ``boundaries`` (incl. the trailing one),
@@ -46,12 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._version import __version__
+from ..chunk import WorkChunk
+from ..digests.fingerprint import fingerprint, without_legacy_keys
+from ..digests.value_digest import Deferred, resolve
 from ..errors import ContractViolation, CorruptCheckpoint, IncompatibleCheckpoint
 from ..records import SampleCursor
-from ..sources.chunk import WorkChunk
 from ..validate import is_int
-from .fingerprint import fingerprint, without_legacy_keys
-from .value_digest import Deferred, resolve
 
 FORMAT = "zephon.pipeline_state"
 VERSION = 3
@@ -387,7 +387,7 @@ def _content(c: Any) -> dict[str, Any]:
         ):
             raise CorruptCheckpoint(f"content fingerprints {part!r} must map names to strings")
         out[part] = dict(table)
-    if "parts" in c:  # per-function part digests (``function_parts.py``), for messages
+    if "parts" in c:  # per-function part digests (``digests/function_parts.py``), for messages
         parts = c["parts"]
         if not isinstance(parts, dict) or not all(
             isinstance(k, str)

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..checkpoint.fingerprint import config_diff
 from ..checkpoint.legacy_content import is_legacy
 from ..checkpoint.provenance import writer
 from ..checkpoint.remix import REMIX_CHANGES, classify_diff
 from ..checkpoint.resize import resized
 from ..checkpoint.restore import content_changes
 from ..checkpoint.state import PipelineState
+from ..digests.fingerprint import config_diff
 
 
 def compare_states(

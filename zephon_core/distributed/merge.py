@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint.content_diff import content_diff
 from ..checkpoint.state import LaneState, PipelineState, check_progress
+from ..digests.content_diff import content_diff
 from ..errors import IncompatibleCheckpoint, TopologyError
 
 

@@ -23,9 +23,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.content import content_fingerprints
-from ..checkpoint.fingerprint import fingerprint
-from ..checkpoint.replay_filter import ReplayFilter
+from ..digests.content import content_fingerprints
+from ..digests.fingerprint import fingerprint
 from ..errors import ConfigError
 from ..ops.base import OpContext, Operator
 from ..ops.batch import BatchOp
@@ -33,7 +32,8 @@ from ..rng import derive_seed
 from ..validate import int_arg
 from .cores import core_share, resolve_parallelism
 from .length_estimate import estimate_lengths
-from .processes import check_shippable
+from .replay_filter import ReplayFilter
+from .shipping import check_shippable
 
 log = logging.getLogger(__name__)
 

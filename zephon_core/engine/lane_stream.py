@@ -38,11 +38,11 @@ from typing import Any, NamedTuple
 
 from ..checkpoint.remix import prior_targets
 from ..checkpoint.state import Delivery, LaneState, plain_copy
-from ..checkpoint.value_digest import value_digest
+from ..chunk import WorkChunk
+from ..digests.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
 from ..ops.base import Operator
 from ..records import TOMBSTONE, Contributor, Record, SampleCursor
-from ..sources.chunk import WorkChunk
 from ..tracking.eviction import LaneTracker
 from ..tracking.ledger import LaneLedger
 from .compile import Plan, Stage

@@ -377,7 +377,8 @@ class Pipeline:
         Args:
             restore: a state from ``state_dict()``/``checkpoint()`` to continue from;
                 default: the state given to ``load_state_dict()``, else the beginning.
-            allow_changes, origin: see :meth:`load_state_dict`.
+            allow_changes: see :meth:`load_state_dict`.
+            origin: see :meth:`load_state_dict`.
         """
         start = (
             self._admit(restore, allow_changes, origin) if restore is not None else self._restore

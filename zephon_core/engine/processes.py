@@ -11,20 +11,18 @@ lock into the child.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
 import multiprocessing as mp
-import pickle
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, PipelineError, ZephonError
+from ..errors import PipelineError, ZephonError
 from ..records import Record
 from .run_ops import run_ops
+from .shipping import shippable
 from .stats import OpStats
 
 if TYPE_CHECKING:
@@ -49,28 +47,6 @@ def _run_job(
     tombs: list[Record] = []
     out = run_ops(ops, records, lane, tombs, stats)
     return out, tombs, stats
-
-
-def shippable(op: Operator) -> Operator:
-    """The copy of a bound operator sent to workers: without the source and the upstream
-    operators its context refers to (a worker needs neither, and they may not pickle)."""
-    ctx = getattr(op, "ctx", None)
-    if ctx is None:
-        return op
-    out = copy.copy(op)
-    out.ctx = dataclasses.replace(ctx, source=None, upstream=())
-    return out
-
-
-def check_shippable(op: Operator) -> None:
-    try:
-        pickle.dumps(shippable(op))
-    except Exception as e:  # noqa: BLE001 - any pickling failure means the same fix
-        raise ConfigError(
-            f"operator {op.name!r} runs on worker processes but cannot be sent to them "
-            f"({type(e).__name__}: {e}); define its function at module level (lambdas and "
-            "closures do not pickle) or use runner='threads'"
-        ) from e
 
 
 def _deaths(codes: set[int]) -> str:

@@ -23,7 +23,7 @@ What an operator owes replay:
   reproduces), never a counter kept elsewhere;
 * ``describe()`` returns every parameter that changes the output (the configuration
   fingerprint), and ``content_fingerprint()`` a digest of user code it runs, if any
-  (compared on restore; see ``checkpoint/content.py``).
+  (compared on restore; see ``digests/content.py``).
 
 Tombstones never reach ``process``: the runner forwards them itself. Token arrays
 reaching an operator that counts or concatenates tokens go through

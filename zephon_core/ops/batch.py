@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 from torch.utils.data import default_collate
 
-from ..checkpoint.value_digest import Deferred
+from ..digests.value_digest import Deferred
 from ..errors import ConfigError
 from ..records import Record
 from ..validate import bool_arg, int_arg

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..checkpoint.content import function_fingerprint, function_parts
-from ..checkpoint.legacy_digest import function_fingerprint as legacy_fingerprint
+from ..digests.content import function_fingerprint, function_parts
+from ..digests.legacy_digest import function_fingerprint as legacy_fingerprint
 from ..records import Record
 from .base import Operator, OpTraits
 

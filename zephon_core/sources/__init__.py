@@ -7,8 +7,8 @@ is restored in O(1) from a small state dict.
 
 from __future__ import annotations
 
+from ..chunk import WorkChunk
 from .base import SourceSpec, WorkSource
-from .chunk import WorkChunk
 from .parquet import ParquetComponent, parquet_component
 from .permutation import KeyedPermutation
 from .schedule import WeightSchedule

@@ -1,7 +1,7 @@
 """The WorkSource contract (``docs/design.md`` §2).
 
 A :class:`WorkSource` produces the work of one lane as a sequence of
-:class:`~zephon_core.sources.chunk.WorkChunk`. A :class:`SourceSpec` is what a
+:class:`~zephon_core.chunk.WorkChunk`. A :class:`SourceSpec` is what a
 ``Pipeline`` is built from: it opens one WorkSource per lane and reads rows.
 
 Contract (what a source you write yourself owes):
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .chunk import WorkChunk
+from ..chunk import WorkChunk
 
 
 @runtime_checkable

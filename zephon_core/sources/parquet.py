@@ -11,7 +11,7 @@ distinct row group they fall in.
 The content fingerprint (``zephon_fingerprint``) covers every shard's path, size, ETag
 or modification time and row counts, and the columns read: a shard rewritten, added or
 deleted under a checkpoint is ``IncompatibleCheckpoint`` at restore, naming the dataset
-and the shards (the fingerprint carries a manifest: ``checkpoint/manifest.py``).
+and the shards (the fingerprint carries a manifest: ``digests/manifest.py``).
 
 Reads are verified (``parquet_digest.py``): page checksums where the writer wrote them,
 and a digest of each row group's column chunks -- from the index when it was built with
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.manifest import with_manifest
+from ..digests.manifest import with_manifest
 from ..errors import ConfigError, CorruptData, PipelineError, SourceChanged
 from ..validate import int_arg
 from .loading_lru import LoadingLRU

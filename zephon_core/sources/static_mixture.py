@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.content import component_fingerprint
-from ..checkpoint.legacy_digest import Budgeted as LegacyBudgeted
+from ..chunk import WorkChunk
+from ..digests.content import component_fingerprint
+from ..digests.legacy_digest import Budgeted as LegacyBudgeted
 from ..errors import ConfigError, CorruptCheckpoint, PipelineError
 from ..rng import derive_seed
 from ..validate import bool_arg, int_arg, weight_vector
 from ..validate import is_int as _is_int
 from .block_shuffle import BlockShuffle, block_bounds
-from .chunk import WorkChunk
 from .deficit import TokenDeficit
 from .lengths import ComponentLengths, lengths_digest, resolve_lengths
 from .mixture import SmoothWeightedRoundRobin, integer_weights
@@ -323,7 +323,7 @@ class StaticMixtureWorkSource:
         return any(capped) if self.when_exhausted == "end" else all(capped)
 
     def content_fingerprints(self) -> dict[str, str]:
-        """A digest of each dataset's content (see ``checkpoint/content.py``).
+        """A digest of each dataset's content (see ``digests/content.py``).
 
         Computed when a pipeline compiles, not cached: a dataset edited in place between
         two runs of one process must show up."""

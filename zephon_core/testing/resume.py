@@ -118,7 +118,8 @@ def assert_resume_equivalent(
         dp_size: data-parallel ranks, simulated in this process (``bind`` +
             ``local_checkpoint`` + ``merge_local_checkpoints``); cut points must then
             be multiples of ``dp_size``.
-        resume_num_workers / resume_dp_size: the topology to resume in (default: the same).
+        resume_num_workers: the DataLoader workers to resume with (default: the same).
+        resume_dp_size: the ranks to resume with (default: the same).
         through_bytes: round-trip each state through the msgpack+zstd codec.
 
     The reference is always a plain single-process run, so every topology must

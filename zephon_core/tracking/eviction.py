@@ -22,8 +22,8 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from ..checkpoint.state import Delivery, LaneState
+from ..chunk import WorkChunk
 from ..records import Contributor, SampleCursor
-from ..sources.chunk import WorkChunk
 from .offsets import ChunkProgress
 
 

@@ -17,8 +17,8 @@ from collections import deque
 from typing import Any
 
 from ..checkpoint.state import Delivery, LaneDelta, LaneState
-from ..checkpoint.value_digest import resolve
-from ..sources.chunk import WorkChunk
+from ..chunk import WorkChunk
+from ..digests.value_digest import resolve
 
 
 class LaneLedger:

@@ -54,7 +54,8 @@ class ZephonTrainer(Trainer):
             ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
             ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
             The resumed run's own checkpoints then resume exactly without it.
-        *args, **kwargs: as for ``transformers.Trainer`` (no ``data_collator``).
+        *args: as for ``transformers.Trainer``.
+        **kwargs: as for ``transformers.Trainer`` (no ``data_collator``).
     """
 
     def __init__(

@@ -24,19 +24,22 @@ the data would restart from its first batch with no warning. So
   :class:`~.steps.StepTracker`, and ends the fit when a finite stream ended
   (``stream_end.py``);
 * at fit start (after the LightningModule's ``setup`` and ``configure_model``, where
-  large models are built) has the datamodule turn the KV cache off for packed rows, and
+  large models are built) turns the KV cache off for the datamodule's packed rows, and
   back on when fit ends or fails (``zephon_integrations/packed_cache.py``).
+
+The hook sees the datamodule only through :class:`HookedDataModule`, the public members
+it uses, so the two modules do not import each other.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import lightning.pytorch as pl
 import torch
 
-from zephon_core import MissingCheckpointState
+from zephon_core import MissingCheckpointState, Pipeline, ZephonDataLoader
 from zephon_core.checkpoint.trainer_files import (
     LIGHTNING_KEY,
     legacy_lightning_state,
@@ -44,33 +47,57 @@ from zephon_core.checkpoint.trainer_files import (
 )
 
 from .. import rng
+from ..packed_cache import restore_cache, turn_cache_off
 from . import loop_counters
+from .steps import StepTracker
 from .stream_end import stop_if_ended
-
-if TYPE_CHECKING:
-    from .datamodule import ZephonDataModule
 
 CHECKPOINT_KEY = LIGHTNING_KEY
 
 log = logging.getLogger(__name__)
 
 
+class HookedDataModule(Protocol):
+    """What the hook uses of :class:`~.datamodule.ZephonDataModule`."""
+
+    STATE_KEY: ClassVar[str]
+    pipeline: Pipeline | None
+    steps: StepTracker
+    allow_fresh_start: bool
+
+    @property
+    def loader(self) -> ZephonDataLoader | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    def resume_rng(self, states: list[dict[str, Any]] | None, trainer: Any) -> dict | None: ...
+
+
 class ZephonCheckpointHook(pl.Callback):
     """Installed by :class:`ZephonDataModule`; not meant to be added by hand."""
 
-    def __init__(self, datamodule: ZephonDataModule):
+    def __init__(self, datamodule: HookedDataModule):
         self.datamodule = datamodule
         self._warned_buffers = False
+        self._cache_off: list[Any] = []  # model configs whose KV cache this fit turned off
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         # after every setup hook and configure_model(): models built there exist now
-        self.datamodule._turn_cache_off(pl_module)
+        pipeline = self.datamodule.pipeline
+        if pipeline is not None:
+            self._cache_off = turn_cache_off(pl_module, pipeline)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self.datamodule._restore_cache()
+        self._restore_cache()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
-        self.datamodule._restore_cache()
+        self._restore_cache()
+
+    def _restore_cache(self) -> None:
+        restore_cache(self._cache_off)
+        self._cache_off = []
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

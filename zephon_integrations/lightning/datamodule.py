@@ -49,7 +49,6 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 
 from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
-from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_hook import ZephonCheckpointHook
 from .steps import StepTracker
 
@@ -77,9 +76,11 @@ class ZephonDataModule(pl.LightningDataModule):
         pipeline: a Pipeline or a zero-argument factory returning one.
         num_workers: DataLoader worker processes per rank.
         pin_memory: forwarded to the DataLoader.
-        aggregate_dir / aggregate_store / aggregate_timeout_s: how ranks merge lane
-            states in ``state_dict()`` (see ``Pipeline``); with several ranks and none
+        aggregate_dir: how ranks merge lane states in ``state_dict()`` (see
+            ``Pipeline``); with several ranks and neither this nor ``aggregate_store``
             given, the process group's store (``"torch://"``) is used.
+        aggregate_store: see ``aggregate_dir``.
+        aggregate_timeout_s: one time budget for a whole aggregation round.
         log_every_n_steps: how often data metrics go to the trainer's logger (0: never).
         val_dataloader_fn: optional zero-argument factory of a validation DataLoader.
         allow_fresh_start: resume from a checkpoint without Zephon state by starting the
@@ -140,7 +141,6 @@ class ZephonDataModule(pl.LightningDataModule):
         self.steps = StepTracker(restore_rng)  # micro-steps, their RNG, the last boundary
         self._hook = ZephonCheckpointHook(self)
         self._meter = _Meter()
-        self._cache_off: list[Any] = []  # model configs whose KV cache fit turned off
 
     # -- building -------------------------------------------------------------------
     def _build(self) -> Pipeline:
@@ -165,17 +165,6 @@ class ZephonDataModule(pl.LightningDataModule):
             self.pipeline = self._build()
             if self._restore is not None:
                 self._validate(self._restore)
-
-    def _turn_cache_off(self, module: Any) -> None:
-        """Packed rows told apart by position_ids: no KV cache (``packed_cache.py``);
-        called by the hook at fit start, once every model of the module exists, and
-        undone at fit end (``_restore_cache``)."""
-        if self.pipeline is not None:
-            self._cache_off = turn_cache_off(module, self.pipeline)
-
-    def _restore_cache(self) -> None:
-        restore_cache(self._cache_off)
-        self._cache_off = []
 
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)

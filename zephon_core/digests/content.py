@@ -5,7 +5,7 @@ The configuration fingerprint (``fingerprint.py``) sees names, lengths, weights 
 operator parameters. It cannot see rows edited in place, a reordered dataset of the
 same length, or another function under the same name, and each of those gives a
 different stream. So a checkpoint also stores a digest per component and per
-map/filter function, and a restore compares them (``restore.py``):
+map/filter function, and a restore compares them (``checkpoint/restore.py``):
 
 * a component: ``zephon_fingerprint()`` when the dataset defines one (the HF adapter
   uses ``Dataset._fingerprint``); an HF ``datasets.Dataset`` by its ``_fingerprint``;

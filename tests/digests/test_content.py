@@ -21,8 +21,8 @@ from zephon_core import (
     ReplayDivergence,
     StaticMixtureWorkSource,
 )
-from zephon_core.checkpoint.content import FULL_ROWS, function_fingerprint
 from zephon_core.checkpoint.state import PipelineState
+from zephon_core.digests.content import FULL_ROWS, function_fingerprint
 from zephon_core.testing import assert_streams_equal, first_difference, take
 
 CUT = 9

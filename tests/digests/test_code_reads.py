@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import pytest
 
-from zephon_core.checkpoint import code_reads
-from zephon_core.checkpoint.code_reads import read_paths
+from zephon_core.digests import code_reads
+from zephon_core.digests.code_reads import read_paths
 
 
 def _closure_paths(fn, name: str) -> set:

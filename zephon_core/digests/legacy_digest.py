@@ -6,7 +6,7 @@ class without its module (``digest_walk.py``). A function that captures a config
 object (``argparse.Namespace``, a dict, a dataclass), a user-class instance or a
 ``functools.partial`` of one therefore has another digest now, unchanged, and so has a
 dataset whose rows are objects of a user class. A restore of such a state recomputes
-the digest by that release's rules (``legacy_content.py``): only then, only for the
+the digest by that release's rules (``checkpoint/legacy_content.py``): only then, only for the
 functions and datasets whose digest differs, so current states cost nothing.
 
 This is 03a95f2's walk, copied whole (nothing shared with ``digest_walk.py``, which

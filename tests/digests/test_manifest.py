@@ -7,7 +7,7 @@ import base64
 import tracemalloc
 import zlib
 
-from zephon_core.checkpoint.manifest import SEP, describe_change, differs, digest_of
+from zephon_core.digests.manifest import SEP, describe_change, differs, digest_of
 
 
 def test_a_manifest_that_inflates_without_bound_is_taken_for_none():

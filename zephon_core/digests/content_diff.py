@@ -1,5 +1,5 @@
 """What differs between a checkpoint's content digests and a pipeline's, in words.
-(``restore.py``'s content check, ``zephon diff``)
+(``checkpoint/restore.py``'s content check, ``zephon diff``)
 
 A dataset is named with its two digests. A function is named with the parts that
 differ (``function_parts.py``): "closure 'args'.seq_len differs", "global 'tok'

@@ -18,8 +18,8 @@ import pytest
 from helpers import CODE, PROSE, byte_tokenize
 
 from zephon_core import IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
-from zephon_core.checkpoint.content import function_fingerprint, function_parts
-from zephon_core.checkpoint.fingerprint import fingerprint
+from zephon_core.digests.content import function_fingerprint, function_parts
+from zephon_core.digests.fingerprint import fingerprint
 from zephon_core.testing import assert_streams_equal, take
 
 CUT, TAIL = 6, 8

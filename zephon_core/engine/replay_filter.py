@@ -13,7 +13,7 @@ Divergence is detected, never silent: the target was produced by chunks that
 were fetched before the checkpoint, so it must reappear before the flush that
 ends its epoch (monotone pipelines: before any record of a later chunk). When it
 reappears, its values must match too: the state carries the value digest of the
-record behind the last delivered output (``value_digest.py``), so data or a
+record behind the last delivered output (``digests/value_digest.py``), so data or a
 function that changed under an unchanged position is caught as well.
 
 A divergence names where to look: the lane, the chunk and cursor, the documents behind
@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from ..chunk import WorkChunk
+from ..digests.value_digest import value_digest
 from ..errors import ReplayDivergence
 from ..ops.base import Operator, OpTraits
 from ..records import Record, SampleCursor
-from ..sources.chunk import WorkChunk
-from .value_digest import value_digest
 
 
 class ReplayFilter(Operator):

@@ -1,4 +1,4 @@
-"""Tokenizers count by what determines their encodings (``checkpoint/tokenizer_digest.py``).
+"""Tokenizers count by what determines their encodings (``digests/tokenizer_digest.py``).
 
 A transformers fast tokenizer called once with ``truncation=True`` before the pipeline
 was built (transformers leaves the truncation set on its backend) resumes a state
@@ -15,7 +15,7 @@ from helpers import CODE, PROSE
 from transformers import PreTrainedTokenizerFast
 
 from zephon_core import IncompatibleCheckpoint, Pipeline, StaticMixtureWorkSource
-from zephon_core.checkpoint.content import function_fingerprint
+from zephon_core.digests.content import function_fingerprint
 from zephon_core.testing import assert_streams_equal, take
 
 CUT, TAIL = 6, 8

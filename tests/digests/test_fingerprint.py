@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers import byte_tokenize, source
 
 from zephon_core import Pipeline
-from zephon_core.checkpoint.fingerprint import config_diff, fingerprint
+from zephon_core.digests.fingerprint import config_diff, fingerprint
 
 
 def test_identical_configs_have_no_diff():

@@ -15,7 +15,7 @@ import pytest
 from helpers import byte_tokenize, source
 
 from zephon_core import Operator, OpTraits, Pipeline, ReplayDivergence
-from zephon_core.checkpoint.replay_filter import ReplayFilter
+from zephon_core.engine.replay_filter import ReplayFilter
 from zephon_core.ops import OpContext
 from zephon_core.records import Contributor, Record, SampleCursor
 
@@ -221,8 +221,8 @@ def test_non_deterministic_operator_raises_replay_divergence_on_resume(prefetch)
 
 def _named_filter(target: SampleCursor, digest: int | None = None) -> ReplayFilter:
     """Lane 1's filter after fetch -> tokenize, with two restored inflight chunks."""
+    from zephon_core.chunk import WorkChunk
     from zephon_core.ops import FetchOp, MapOp
-    from zephon_core.sources.chunk import WorkChunk
 
     upstream = (FetchOp(), MapOp(_tok, name="tokenize"))
     template = ReplayFilter("batch_replay_filter", monotone=True)

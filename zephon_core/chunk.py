@@ -1,11 +1,15 @@
-"""WorkChunk: the unit of work a lane's source produces and a checkpoint stores."""
+"""WorkChunk: the unit of work a lane's source produces and a checkpoint stores.
+
+Beside the records, below ``sources/`` (which make chunks), ``tracking/`` (which evicts
+them) and ``checkpoint/`` (which stores them).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import CorruptCheckpoint
-from ..validate import int_arg
+from .errors import CorruptCheckpoint
+from .validate import int_arg
 
 
 @dataclass(frozen=True, slots=True)
