@@ -234,6 +234,7 @@ def test_resume_with_k_and_lanes_sweep(chain):
         assert_resume_equivalent(build, [0, 1, total // 4, total // 2, total - 1], total)
 
 
+@pytest.mark.slow
 def test_parallel_stage_after_batch_in_dataloader_workers():
     """The same chain through DataLoader workers (the batch's tensors are built in the
     worker, not by the training process, when an operator follows batch)."""

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from helpers import hang_guard_s, worker_env
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 TRAIN = '''
 """A training script: `python train.py --out STATE`, or imported by a resume script."""
 import argparse

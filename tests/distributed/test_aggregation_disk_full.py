@@ -25,6 +25,9 @@ from test_aggregation import (
     fault_ranks,
 )
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 PAGE = 4096
 SIZE = 2 * PAGE
 MOUNT = 'mount -t tmpfs -o size=$1 tmpfs "$2" && head -c $3 /dev/zero > "$2/filler"'

@@ -21,6 +21,9 @@ from helpers import hang_guard_s, worker_env
 
 from zephon_core.testing import take
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).resolve().with_name("finite_worker.py")
 GUARD_S = hang_guard_s(600)  # a hang guard: the ranks print their stacks 30 s before
 

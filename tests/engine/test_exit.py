@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import hang_guard_s, worker_env
+
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("exit_worker.py")
 ABORT = "terminate called without an active exception"

@@ -23,6 +23,9 @@ from helpers import (
 from zephon_core import ConfigError, Pipeline, PipelineError
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 
 def build(runner: str = "processes", lanes: int = 2, fn=byte_tokenize) -> Pipeline:
     return (

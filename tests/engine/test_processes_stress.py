@@ -17,6 +17,9 @@ from helpers import byte_tokenize, drop_some, hang_guard_s, source
 from zephon_core import Pipeline
 from zephon_core.testing import assert_streams_equal, take
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 STALL_S = hang_guard_s(120.0)  # far above any step, also on a loaded machine
 
 

@@ -37,6 +37,9 @@ from zephon_core import Pipeline
 from zephon_integrations.hf import ZephonCallback, ZephonTrainer
 from zephon_integrations.hf.checkpoint_dir import STATE_FILE
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 WORKER = Path(__file__).with_name("hf_dist_worker.py")

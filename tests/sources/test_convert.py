@@ -58,6 +58,7 @@ def test_bad_lines_are_named_and_leave_no_shard(raw, tmp_path):
         jsonl_to_parquet(str(raw / "nothing-*.jsonl"), str(tmp_path / "o3"))
 
 
+@pytest.mark.slow
 def test_the_zephon_convert_command(raw, tmp_path):
     zephon = Path(sys.executable).parent / "zephon"
     out = tmp_path / "cli"
