@@ -11,7 +11,7 @@ TORCH   := torch==2.13.0
 MOSAIC_VENV := .venv-mosaic
 MOSAIC_PY   := $(MOSAIC_VENV)/bin/python
 
-.PHONY: test demo demo-kill demo-core demo-hf demo-s3 bench docs docs-serve lint format clean
+.PHONY: test test-fast demo demo-kill demo-core demo-hf demo-s3 bench docs docs-serve lint format clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q -e ".[test,demo]" "$(TORCH)"
 	touch $(STAMP)
 
+# the whole suite (what CI runs); pyproject.toml's [tool.pytest.ini_options] holds the
+# paths and --doctest-modules, so a plain `pytest` runs the same
 test: $(STAMP)
-	$(VPY) -m pytest -q -p no:cacheprovider --doctest-modules zephon_core tests
+	$(VPY) -m pytest -q -p no:cacheprovider
+
+# the inner loop: everything but the tests that start processes (marked `slow`)
+test-fast: $(STAMP)
+	$(VPY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 demo: $(STAMP)
 	$(VPY) examples/lightning_resume.py

@@ -21,6 +21,19 @@ def worker_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=path.rstrip(os.pathsep), **extra)
 
 
+def timeout_scale() -> float:
+    """``ZEPHON_TEST_TIMEOUT_SCALE`` (default 1): multiplies every limit in the tests that
+    only stops a hang, and the slack allowed past a time budget; raise it on a machine so
+    loaded that even those fire."""
+    return float(os.environ.get("ZEPHON_TEST_TIMEOUT_SCALE", "1"))
+
+
+def hang_guard_s(seconds: float) -> float:
+    """A limit that stops a hung test, never a measure of speed: generous, and scaled by
+    :func:`timeout_scale`. A correct run finishes long before it, however loaded the machine."""
+    return seconds * timeout_scale()
+
+
 def make_docs(n: int, lo: int, hi: int, seed: int, letter: str) -> list[dict]:
     """``n`` documents of random length in [lo, hi) with distinct contents."""
     rng = np.random.default_rng(seed)

@@ -104,6 +104,7 @@ def test_the_console_script_is_installed():
     assert ZEPHON.exists(), "pip install -e '.[cli]' creates the zephon script"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["state.zst", "checkpoint-30", "last.ckpt"])
 def test_inspect_reads_every_kind_of_checkpoint(work, name):
     r = run("inspect", name, "--json", cwd=work)
@@ -120,12 +121,14 @@ def test_inspect_reads_every_kind_of_checkpoint(work, name):
     assert "datasets (weights 0.7, 0.3 in documents)" in text.stdout, text.stdout
 
 
+@pytest.mark.slow
 def test_inspect_of_something_else_is_a_clear_error(work):
     (work / "junk.bin").write_bytes(b"not a checkpoint")
     r = run("inspect", "junk.bin", cwd=work)
     assert r.returncode != 0 and "not a readable torch checkpoint" in r.stderr
 
 
+@pytest.mark.slow
 def test_diff_of_two_checkpoints_names_what_differs(work):
     r = run("diff", "state.zst", "other.zst", cwd=work)
     assert r.returncode == 1 and "seq_len" in r.stdout
@@ -133,6 +136,7 @@ def test_diff_of_two_checkpoints_names_what_differs(work):
     assert same.returncode == 0 and "same configuration" in same.stdout
 
 
+@pytest.mark.slow
 def test_diff_names_changed_content_and_refuses_a_bad_second_file(work):
     r = run("diff", "state.zst", "other_data.zst", cwd=work)
     assert r.returncode == 1 and "dataset 'prose'" in r.stdout and "code" not in r.stdout
@@ -142,6 +146,7 @@ def test_diff_names_changed_content_and_refuses_a_bad_second_file(work):
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_diff_of_a_checkpoint_and_a_pipeline(work):
     ok = run("diff", "state.zst", "factory.py:build", cwd=work)
     assert ok.returncode == 0 and "restores" in ok.stdout
@@ -149,12 +154,14 @@ def test_diff_of_a_checkpoint_and_a_pipeline(work):
     assert bad.returncode == 1 and "IncompatibleCheckpoint" in bad.stdout
 
 
+@pytest.mark.slow
 def test_explain_prints_the_plan_and_its_legend(work):
     r = run("explain", "factory:build", cwd=work)
     assert r.returncode == 0
     assert "Stage[0]" in r.stdout and "batch_replay_filter" in r.stdout and "Legend" in r.stdout
 
 
+@pytest.mark.slow
 def test_verify_passes_a_deterministic_pipeline_and_fails_a_noisy_one(work):
     ok = run("verify", "factory:build", "--cuts", "1,7", "--total", "14", cwd=work)
     assert ok.returncode == 0 and ok.stdout.startswith("exact"), ok.stdout + ok.stderr
@@ -162,11 +169,13 @@ def test_verify_passes_a_deterministic_pipeline_and_fails_a_noisy_one(work):
     assert bad.returncode == 1 and "NOT exact" in bad.stdout
 
 
+@pytest.mark.slow
 def test_bench_reports_throughput(work):
     r = run("bench", "factory:build", "--batches", "20", cwd=work)
     assert r.returncode == 0 and "batches/s" in r.stdout and "tokens/s" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_factory_is_a_usage_error(work):
     r = run("explain", "factory:nope", cwd=work)
     assert r.returncode == 2 and "no function 'nope'" in r.stderr
@@ -251,6 +260,7 @@ def lightning_ckpt(tmp_path_factory) -> Path:
     return ckpt
 
 
+@pytest.mark.slow  # many seconds in this process
 def test_inspect_reads_a_real_lightning_checkpoint_without_full_pickle(work, lightning_ckpt):
     r = cli("inspect", str(lightning_ckpt), "--json", cwd=work)
     assert r.returncode == 0, r.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import hang_guard_s
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -28,6 +29,7 @@ CHANGELOG_PHRASES = (
 )
 
 
+@pytest.mark.slow
 def test_site_builds_strict(tmp_path: Path) -> None:
     # a subprocess: the same command CI and `make docs` run, with mkdocs' own strict mode
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -37,7 +39,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=hang_guard_s(900),  # a hang guard
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "api" / "pipeline" / "index.html").is_file()

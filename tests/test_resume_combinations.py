@@ -173,6 +173,9 @@ CONFIGS = [  # lanes (canonical_replicas), k, prefetch, parallelism, queue_size
     (8, 1, 4, 3, 2),
     (8, 5, 0, 1, 3),
 ]
+# every chain on one lane inline and on three lanes with threads in `make test-fast`; the
+# whole matrix (minutes of CPU, in this process) in `make test`
+FAST_CONFIGS = {(1, 1, 0, 1, 1), (3, 2, 0, 3, 4)}
 
 
 def _cases():
@@ -192,6 +195,7 @@ def _cases():
                 par,
                 qs,
                 id=f"{chain}-C{lanes}-k{k}-pf{prefetch}-p{par}-q{qs}",
+                marks=() if (lanes, k, prefetch, par, qs) in FAST_CONFIGS else pytest.mark.slow,
             )
 
 
@@ -234,6 +238,7 @@ def test_resume_with_k_and_lanes_sweep(chain):
         assert_resume_equivalent(build, [0, 1, total // 4, total // 2, total - 1], total)
 
 
+@pytest.mark.slow
 def test_parallel_stage_after_batch_in_dataloader_workers():
     """The same chain through DataLoader workers (the batch's tensors are built in the
     worker, not by the training process, when an operator follows batch)."""

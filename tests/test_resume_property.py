@@ -12,6 +12,7 @@ split always precedes a pack.
 
 from __future__ import annotations
 
+import pytest
 from helpers import source
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,6 +92,7 @@ def builder(cfg, rt):
     return build
 
 
+@pytest.mark.slow  # many seconds in this process
 @PROPERTY
 @given(cfg=configs(), rt=runtime, total=st.integers(20, 80), data=st.data())
 def test_resumed_equals_uninterrupted(cfg, rt, total, data):
@@ -101,6 +103,7 @@ def test_resumed_equals_uninterrupted(cfg, rt, total, data):
     assert report.total == total
 
 
+@pytest.mark.slow  # many seconds in this process
 @settings(PROPERTY, max_examples=100)
 @given(cfg=configs(), rt1=runtime, rt2=runtime, total=st.integers(20, 80))
 def test_output_independent_of_runtime_knobs(cfg, rt1, rt2, total):
@@ -115,6 +118,7 @@ def test_output_independent_of_runtime_knobs(cfg, rt1, rt2, total):
     assert_streams_equal(outs[0], outs[1], f"{cfg['steps']}: {rt1} vs {rt2}")
 
 
+@pytest.mark.slow  # many seconds in this process
 @settings(PROPERTY, max_examples=60)
 @given(
     cfg=configs(),

@@ -239,6 +239,7 @@ def test_pipeline_load_of_a_corrupted_file_is_corrupt(tmp_path, real_state):
         Pipeline.load(path)
 
 
+@pytest.mark.slow
 def test_a_save_killed_before_its_rename_leaves_nothing_after_the_next_save(tmp_path):
     """An interrupted save leaves its temporary file; the next save or load of the same
     path removes it (the writer is gone), and leaves other paths' and live writers' alone."""

@@ -249,6 +249,7 @@ def test_unchanged_weights_allowed_is_a_plain_exact_resume():
     assert np.isfinite(_token_share(expected, "p"))
 
 
+@pytest.mark.slow
 def test_remix_through_dataloader_workers_matches_in_process():
     def build(weights):
         src = StaticMixtureWorkSource({n: DATA[n] for n in weights}, weights, chunk_size=8, seed=1)

@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import worker_env
+from helpers import hang_guard_s, worker_env
+
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 TRAIN = '''
 """A training script: `python train.py --out STATE`, or imported by a resume script."""
@@ -127,7 +130,12 @@ class Clip:
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*args], cwd=cwd, env=worker_env(), capture_output=True, text=True, timeout=600
+        [*args],
+        cwd=cwd,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=hang_guard_s(600),
     )
 
 

@@ -9,11 +9,23 @@ name (``spec["faults"]``) with monkeypatches applied inside this process only.
 
 Synchronisation with the other ranks only goes through files in
 ``spec["sync"]`` (barriers) -- never through sleeps.
+
+Times: a round's budget starts inside ``Aggregator.round`` (it computes its deadline on
+entry), not when ``checkpoint()`` is called (which first gathers this rank's state and
+may open the storage: seconds on a loaded machine). Each round's entry records
+``round_start``/``round_end`` and ``round_s`` (their difference: what the budget
+bounds) on ``time.monotonic()``, which on Linux is one clock for every process, so the
+test can compare the ranks' timelines; ``put_times`` records when each storage write
+finished. ``rnd["budget"]`` sets that round's ``aggregate_timeout_s`` (a short one
+where the test waits one out, a generous one where the round must succeed). Progress
+goes to stdout and, past ``spec["deadline_s"]``, every thread's stack to stderr: a
+test's hang guard shows both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import os
 import pickle
@@ -157,15 +169,40 @@ def apply_faults(spec: dict, log: dict) -> None:
 
         PipelineIterator._local_state = local_state2
 
-    # keys the storage saw written, so the leader can check a torch Store for leftovers
+    # keys the storage saw written (so the leader can check a torch Store for leftovers),
+    # when each write finished, and files to touch once a key was written
+    signals = spec.get("signal_puts", {})  # {key or key suffix: sync file name}
     for cls in (storage.DirStorage, storage.StoreStorage):
         orig = cls.put
 
         def put_logged(self, key, value, *args, _orig=orig):
             log.setdefault("put_keys", []).append(key)
             _orig(self, key, value, *args)
+            log.setdefault("put_times", []).append((key, time.monotonic()))
+            for suffix, name in signals.items():  # the n-th such write touches name.n
+                if value and key.endswith(suffix):
+                    n = sum(k.endswith(suffix) for k, _ in log["put_times"])
+                    touch(sync / f"{name}.{n}")
 
         cls.put = put_logged
+
+
+def instrument_rounds(current: dict) -> None:
+    """Record when each round's budget starts, and apply the round's own budget."""
+    from zephon_core.distributed.aggregate import Aggregator
+
+    orig_round = Aggregator.round
+
+    def timed_round(self, local, _orig=orig_round):
+        self.timeout_s = current["budget"]
+        current["round_start"] = time.monotonic()
+        return _orig(self, local)
+
+    Aggregator.round = timed_round
+
+
+def progress(spec: dict, what: str) -> None:
+    print(f"{time.monotonic():.3f} {spec['tag']}: {what}", flush=True)
 
 
 def install_disk_full_standin(capacity: int) -> None:
@@ -249,6 +286,8 @@ def dir_snapshot(d) -> dict[str, bytes]:
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     deadline = time.monotonic() + spec.get("deadline_s", 60)
+    faulthandler.dump_traceback_later(spec.get("deadline_s", 60), file=sys.stderr)
+    progress(spec, "started")
     sync = Path(spec["sync"])
     out = Path(spec["out"])
     rank, world = spec["rank"], spec["world"]
@@ -275,9 +314,8 @@ def main(spec_path: str) -> None:
         elif backend == "tcpstore":
             import datetime
 
-            store = dist.TCPStore(
-                "127.0.0.1", spec["port"], world, rank == 0, datetime.timedelta(seconds=30)
-            )
+            wait = datetime.timedelta(seconds=spec.get("deadline_s", 60))  # rank 0 may start late
+            store = dist.TCPStore("127.0.0.1", spec["port"], world, rank == 0, wait)
             kwargs["aggregate_store"] = store
         elif backend == "filestore":
             store = dist.FileStore(spec["filestore"], world)
@@ -286,12 +324,14 @@ def main(spec_path: str) -> None:
             raise ValueError(backend)
 
         apply_faults(spec, log)
+        current: dict = {}
+        instrument_rounds(current)
         if spec.get("disk_capacity") is not None:
             install_disk_full_standin(spec["disk_capacity"])
-        if "://" in str(spec.get("agg_dir", "")):
-            # connect before the timed rounds: the first use of an object store client
-            # (loading botocore's models) takes seconds on a loaded machine, outside any
-            # round; fsspec hands the aggregation the same cached file system
+        if spec.get("agg_dir"):
+            # connect before the rounds: the first use of a file system (an object store
+            # client loads botocore's models) takes seconds on a loaded machine; fsspec
+            # hands the aggregation the same cached file system
             import fsspec
 
             fs, root = fsspec.core.url_to_fs(spec["agg_dir"])
@@ -302,7 +342,8 @@ def main(spec_path: str) -> None:
         if spec.get("restore"):
             pipe.load_state_dict(Pipeline.load(spec["restore"]))
         it = iter(pipe)
-        for rnd in spec["rounds"]:
+        progress(spec, "pipeline built")
+        for i, rnd in enumerate(spec["rounds"], 1):
             outs = [next(it) for _ in range(rnd["take"])]
             log["outputs"].append(outs)
             if rnd.get("declare"):  # from now on claim another place in the topology
@@ -311,12 +352,16 @@ def main(spec_path: str) -> None:
                 declared = Topology(**rnd["declare"])
                 it.spec = dataclasses.replace(it.spec, topology=declared)
             if rnd.get("barrier"):
+                progress(spec, f"round {i}: barrier {rnd['barrier']}")
                 barrier(sync, rnd["barrier"], spec["tag"], rnd["barrier_tags"], deadline)
             if rnd.get("wait_files"):
+                progress(spec, f"round {i}: waiting for {rnd['wait_files']}")
                 wait_files([sync / f for f in rnd["wait_files"]], deadline, "wait_files")
             entry: dict = {"called": not rnd.get("skip")}
             if not rnd.get("skip"):
-                t0 = time.monotonic()
+                progress(spec, f"round {i}: checkpoint()")
+                current.clear()
+                current["budget"] = rnd.get("budget", spec["timeout"])
                 try:
                     entry["state"] = pipe.checkpoint()
                     entry["ok"] = True
@@ -328,7 +373,12 @@ def main(spec_path: str) -> None:
                         error=str(e),
                         tb=traceback.format_exc(),
                     )
-                entry["elapsed"] = time.monotonic() - t0
+                entry["round_end"] = time.monotonic()
+                entry["round_start"] = current.get("round_start")  # None: no round began
+                entry["budget"] = current.get("budget")
+                if entry["round_start"] is not None:
+                    entry["round_s"] = entry["round_end"] - entry["round_start"]
+                progress(spec, f"round {i}: {'ok' if entry['ok'] else entry['error_type']}")
                 if backend == "dir":
                     entry["dir_after"] = dir_snapshot(spec["agg_dir"])
                 elif rank == 0:
@@ -348,6 +398,7 @@ def main(spec_path: str) -> None:
         with open(tmp, "wb") as f:
             pickle.dump(log, f)
         os.replace(tmp, out)
+    progress(spec, "log written")
     # keep a store server (rank 0) alive until every surviving rank is done with it
     if spec.get("exit_tags"):
         try:

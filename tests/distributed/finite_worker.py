@@ -6,6 +6,7 @@ spec's ``out`` path; the parent compares the ranks and kills stragglers.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from helpers import finite_pipeline as build
 
 def main(spec: dict) -> None:
     rank, world = spec["rank"], spec["world"]
+    faulthandler.dump_traceback_later(spec["stacks_after_s"])  # a hang shows where
     dist.init_process_group(
         "gloo", init_method=f"file://{spec['init']}", rank=rank, world_size=world
     )

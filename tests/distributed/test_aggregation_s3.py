@@ -6,12 +6,13 @@ PUT storm (503 SlowDown from a proxy) that must not keep any rank past its budge
 from __future__ import annotations
 
 import pytest
-from helpers import s3_server
+from helpers import hang_guard_s, s3_server
 from test_aggregation import (
+    AMPLE_S,
     K1,
-    SLACK_S,
     assert_failed,
     assert_files_complete,
+    assert_gave_up_within_budget,
     assert_same,
     err,
     fault_ranks,
@@ -19,6 +20,9 @@ from test_aggregation import (
 )
 
 from zephon_core.testing.s3 import FaultProxy
+
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 BUCKET = "coordination"
 
@@ -52,7 +56,7 @@ def _all_ranks_merged(logs: dict, world: int, what: str) -> None:
 def test_a_round_through_s3_merges_every_rank(tmp_path, s3):
     fs, env, _ = s3
     world = 2
-    ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=f"s3://{BUCKET}/plain")
+    ranks = fault_ranks(tmp_path, world, AMPLE_S, agg_dir=f"s3://{BUCKET}/plain")
     ranks.env = env
     _all_ranks_merged(ranks.logs(ranks.run()), world, "via s3:")
     assert_files_complete(_files(fs, "plain"), "after a round through s3")
@@ -62,21 +66,32 @@ def test_leader_killed_mid_round_on_s3_then_restarted_ranks_complete(tmp_path, s
     fs, env, _ = s3
     timeout, world = 4.0, 2
     agg = f"s3://{BUCKET}/killed"
+    # the follower joins once the round is announced, with a short budget that it waits
+    # out; the leader (an ample budget: it must get as far as writing its own state,
+    # however loaded the machine) dies right after writing its own state
     ranks = fault_ranks(
         tmp_path,
         world,
-        timeout,
+        AMPLE_S,
         agg_dir=agg,
         name="crash",
-        per_rank={0: dict(faults=["kill_after_state_write"])},
+        per_rank={
+            0: dict(
+                faults=["kill_after_state_write"],
+                signal_puts={"announce": "announced"},
+                round=dict(barrier=None),
+            ),
+            1: dict(round=dict(barrier=None, wait_files=["announced.1"], budget=timeout)),
+        },
     )
     ranks.env = env
     logs = ranks.logs(ranks.run(), killed=("r0",))
     fol = logs["r1"]["rounds"][0]
     assert_failed(fol, "AggregationError", "follower of the killed leader (s3)")
-    assert fol["elapsed"] <= timeout + SLACK_S, fol["elapsed"]
+    assert "still open" in fol["error"], fol["error"]
+    assert_gave_up_within_budget(fol, "follower of the killed leader (s3)", waited=True)
     assert_files_complete(_files(fs, "killed"), "after the leader was killed (s3)")
-    ranks = fault_ranks(tmp_path, world, 20.0, agg_dir=agg, name="restart")
+    ranks = fault_ranks(tmp_path, world, AMPLE_S, agg_dir=agg, name="restart")
     ranks.env = env
     _all_ranks_merged(ranks.logs(ranks.run()), world, "restarted:")
     left = _files(fs, "killed")
@@ -99,13 +114,18 @@ def test_a_put_storm_keeps_every_rank_within_its_budget(tmp_path, s3, storm):
     fs, env, endpoint = s3
     suffix, follower_knows = STORMS[storm]
     timeout, world = 4.0, 2
+    # a publish storm needs the follower's report to reach the leader before the leader's
+    # deadline: the leader's budget leaves a loaded machine time for that
+    leader = dict(round=dict(budget=timeout if storm == "announce" else hang_guard_s(15.0)))
     proxy = FaultProxy(
         endpoint,
         fail=10**9,
         throttle=lambda method, path: method == "PUT" and path.split("?")[0].endswith(suffix),
     )
     try:
-        ranks = fault_ranks(tmp_path, world, timeout, agg_dir=f"s3://{BUCKET}/storm-{storm}")
+        ranks = fault_ranks(
+            tmp_path, world, timeout, agg_dir=f"s3://{BUCKET}/storm-{storm}", per_rank={0: leader}
+        )
         ranks.env = dict(env, AWS_ENDPOINT_URL=proxy.url)
         logs = ranks.logs(ranks.run())
     finally:
@@ -117,6 +137,4 @@ def test_a_put_storm_keeps_every_rank_within_its_budget(tmp_path, s3, storm):
     assert_failed(fol, "AggregationError", "follower in a PUT storm")
     assert follower_knows in fol["error"] and "throttled" in fol["error"], fol["error"]
     for tag, entry in (("leader", lead), ("follower", fol)):
-        assert entry["elapsed"] <= timeout + SLACK_S, (
-            f"the {tag} spent {entry['elapsed']:.1f} s in a round whose budget is {timeout} s"
-        )
+        assert_gave_up_within_budget(entry, f"the {tag} in a PUT storm")

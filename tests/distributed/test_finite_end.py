@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 from helpers import batch_digest as digest
 from helpers import finite_pipeline as build
-from helpers import worker_env
+from helpers import hang_guard_s, worker_env
 
 from zephon_core.testing import take
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).resolve().with_name("finite_worker.py")
-GUARD_S = 120
+GUARD_S = hang_guard_s(600)  # a hang guard: the ranks print their stacks 30 s before
 
 
 def run_ranks(tmp_path: Path, world: int, workers: int) -> list[dict]:
@@ -30,7 +33,12 @@ def run_ranks(tmp_path: Path, world: int, workers: int) -> list[dict]:
     for rank in range(world):
         out = tmp_path / f"r{rank}.json"
         spec = dict(
-            rank=rank, world=world, init=str(tmp_path / "pg"), out=str(out), workers=workers
+            rank=rank,
+            world=world,
+            init=str(tmp_path / "pg"),
+            out=str(out),
+            workers=workers,
+            stacks_after_s=GUARD_S - 30,
         )
         procs.append(
             subprocess.Popen(
@@ -43,7 +51,10 @@ def run_ranks(tmp_path: Path, world: int, workers: int) -> list[dict]:
         for p in procs:
             p.wait(timeout=GUARD_S)
     except subprocess.TimeoutExpired:
-        pytest.fail("a rank hung at the end of a finite stream")
+        pytest.fail(
+            f"a rank was still running after {GUARD_S:.0f} s (hang guard) at the end of a "
+            "finite stream; the ranks' stacks are in the captured stderr"
+        )
     finally:
         for p in procs:
             if p.poll() is None:

@@ -24,6 +24,7 @@ def _reference():
     return REF
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("ahead", [0, 1, 3])
 def test_state_after_consumed_batch_while_loader_read_ahead(num_workers, ahead):
@@ -43,6 +44,7 @@ def test_state_after_consumed_batch_while_loader_read_ahead(num_workers, ahead):
     q.close()
 
 
+@pytest.mark.slow
 def test_served_beyond_memory_or_future_is_rejected():
     p = reference_pipeline()
     it = iter(p.dataloader(num_workers=0))

@@ -23,7 +23,7 @@ import threading
 import time
 
 import torch
-from helpers import byte_tokenize, source
+from helpers import byte_tokenize, hang_guard_s, source
 
 from zephon_core import Pipeline
 
@@ -60,7 +60,7 @@ class UntilThreadEnds:
         self.exists, self.monotonic, self.sleep = os.path.exists, time.monotonic, time.sleep
 
     def __del__(self) -> None:
-        give_up = self.monotonic() + 30
+        give_up = self.monotonic() + hang_guard_s(120)
         while self.task and self.exists(self.task) and self.monotonic() < give_up:
             self.sleep(0.01)
 

@@ -40,6 +40,7 @@ def test_auto_takes_the_cores_in_process_and_keeps_the_stream():
     assert_streams_equal(take(_auto_pipe("auto"), 12), take(_auto_pipe(1), 12))
 
 
+@pytest.mark.slow
 def test_auto_in_a_worker_is_its_share_of_the_cores():
     pipe = Pipeline(source(4), canonical_replicas=2, seed=1).fetch("auto").map(_resolved)
     assert pipe.compile().ops[0].parallelism == usable_cores()  # the parent's plan first
@@ -51,6 +52,7 @@ def test_auto_in_a_worker_is_its_share_of_the_cores():
     assert_streams_equal(got, take(_auto_pipe(1), 12))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers, resume_workers", [(0, 0), (2, 0), (0, 2)])
 def test_auto_resumes_exactly_across_processes_with_other_shares(workers, resume_workers):
     """Cut in one process layout, resumed in another (where "auto" resolves to another

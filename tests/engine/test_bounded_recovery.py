@@ -13,25 +13,32 @@ from zephon_core.testing import assert_resume_equivalent, take
 
 LANES = 4
 EARLY, LATE = 100, 3000
+# With threads, the ledger also holds what the producer pulled ahead of the consumer:
+# up to ``prefetch`` outputs and ``queue_size`` microbatches per threads stage, per lane
+# (both pipelines: prefetch 3, two threads stages, queue_size 2). How far it got depends
+# on thread timing, so counts taken with threads are bounded with this much added; the
+# counts taken inline (no threads) are exact and bounded tightly.
+AHEAD_PER_LANE = 3 + 2 * 2
 
 
-def monotone_pipeline() -> Pipeline:
+def monotone_pipeline(prefetch: int = 3, parallelism: int = 2) -> Pipeline:
     return (
-        Pipeline(source(), canonical_replicas=LANES, seed=11, prefetch=3)
-        .fetch(parallelism=2)
-        .map(byte_tokenize, parallelism=2, name="tokenize")
+        Pipeline(source(), canonical_replicas=LANES, seed=11, prefetch=prefetch)
+        .fetch(parallelism=parallelism)
+        .map(byte_tokenize, parallelism=parallelism, name="tokenize")
         .split(max_len=128)
         .batch(batch_size=4, seq_len=128)
     )
 
 
 def _measure(build, cut: int) -> tuple[int, int, dict]:
-    pipe = build()
+    """Size and chunks replayed of a state taken at ``cut``, inline: the same every run."""
+    pipe = build(prefetch=0, parallelism=1)
     take(pipe, cut)
     state = pipe.checkpoint()
     pipe.close()
     size = len(codec.encode(state))
-    again = build().iterate(restore=codec.decode(codec.encode(state)))
+    again = build(prefetch=0, parallelism=1).iterate(restore=codec.decode(codec.encode(state)))
     replayed = again.chunks_replayed
     again.close()
     return size, replayed, state
@@ -59,12 +66,13 @@ def test_reference_pipeline_resumes_exactly_at_early_and_late_cuts():
     assert report.cuts == [EARLY, LATE]
     (b_e, b_l), (r_e, r_l) = report.checkpoint_bytes, report.chunks_replayed
     assert b_l <= 1.2 * b_e + 200, report
-    assert 0 < r_l <= r_e + 2 * LANES, report
+    assert 0 < r_l <= r_e + 2 * LANES + AHEAD_PER_LANE * LANES, report
 
 
 def test_monotone_pipeline_resumes_exactly_at_early_and_late_cuts():
     report = assert_resume_equivalent(monotone_pipeline, cut_points=[EARLY, LATE], total=LATE + 60)
-    assert report.chunks_replayed[1] <= report.chunks_replayed[0] + 2 * LANES
+    r_e, r_l = report.chunks_replayed
+    assert r_l <= r_e + 2 * LANES + AHEAD_PER_LANE * LANES, report
 
 
 def _ledger_lengths(pipe: Pipeline, n: int) -> list[int]:
@@ -84,8 +92,8 @@ def test_ledger_stays_bounded_over_3000_outputs():
     pipe.close()
     assert max(st["lanes"][lane]["next_chunk"] for lane in range(LANES)) > 50
     first, last = lengths[: LATE // 3], lengths[-LATE // 3 :]
-    assert max(lengths) <= 12, max(lengths)
-    assert max(last) <= max(first) + 2, (max(first), max(last))
+    assert max(lengths) <= 12 + AHEAD_PER_LANE, max(lengths)
+    assert max(last) <= max(first) + 2 + AHEAD_PER_LANE, (max(first), max(last))
 
 
 def test_ledger_stays_bounded_after_a_restore():
@@ -103,4 +111,4 @@ def test_ledger_stays_bounded_after_a_restore():
     assert all(ls["floor"] > replayed_floor for ls in st["lanes"]), (
         "restored chunks were never evicted"
     )
-    assert max(lengths) <= 12, max(lengths)
+    assert max(lengths) <= 12 + AHEAD_PER_LANE, max(lengths)

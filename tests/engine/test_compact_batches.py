@@ -35,6 +35,7 @@ def _pipe(packed: bool = True, **batch_kw) -> Pipeline:
     return pipe.batch(batch_size=3, **batch_kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", MODES + [dict(packed=False)], ids=str)
 def test_worker_batches_equal_in_process_batches(kw):
     here = take(_pipe(**kw), 14)
@@ -44,6 +45,7 @@ def test_worker_batches_equal_in_process_batches(kw):
     assert all(b["input_ids"].dtype == torch.int64 for b in there)
 
 
+@pytest.mark.slow
 def test_what_a_worker_yields_is_a_token_batch():
     from torch.utils.data import DataLoader
 
@@ -91,6 +93,7 @@ def _env_probe(payload: dict) -> dict:
     return {"rayon": os.environ.get("RAYON_NUM_THREADS", "unset")}
 
 
+@pytest.mark.slow
 def test_workers_share_the_cores_among_their_native_pools(monkeypatch):
     from zephon_core.engine.cores import usable_cores
 
@@ -107,6 +110,7 @@ def test_workers_share_the_cores_among_their_native_pools(monkeypatch):
         assert {out["rayon"] for out in take(loader, 4)} == {"7"}
 
 
+@pytest.mark.slow
 def test_a_batch_whose_tensors_fail_to_build_is_not_counted(monkeypatch):
     """Building happens in the training process: if it fails, that batch was not handed
     out, so the state resumes with it (never one lost silently)."""

@@ -80,6 +80,7 @@ def _finite():
     return Pipeline(src, canonical_replicas=2, seed=3).fetch().map(varlen, name="tok").split(8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_loader_checkpoint_after_a_workers_lanes_ended_restores(workers):
     want = _plain(_finite, 1000)
@@ -134,6 +135,7 @@ def case_pipeline(c: dict) -> Pipeline:
     return pipe.split(32).batch(2, drop_last=False, pad_to="longest")
 
 
+@pytest.mark.slow
 @settings(
     max_examples=12,
     deadline=None,
@@ -160,7 +162,7 @@ def test_property_loader_equals_plain_iteration(c):
     assert_streams_equal(want[len(got) : len(got) + 6], tail, f"resumed {c}")
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_loader_stats_sum_the_workers_operator_counters(workers):
     from helpers import reference_pipeline
 

@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import worker_env
+import pytest
+from helpers import hang_guard_s, worker_env
+
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("exit_worker.py")
 ABORT = "terminate called without an active exception"
@@ -32,7 +36,7 @@ def test_a_run_that_failed_with_its_pump_in_native_code_exits_cleanly():
     }
     outcomes = {}
     for how, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=hang_guard_s(600))
         outcomes[how] = (proc.returncode, out, err)
     expected = {"interrupt": "KeyboardInterrupt", "stall": "PipelineStalled"}
     for how, (code, out, err) in outcomes.items():

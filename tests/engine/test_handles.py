@@ -13,7 +13,7 @@ import gc
 import threading
 
 import pytest
-from helpers import byte_tokenize, reference_pipeline, source
+from helpers import byte_tokenize, hang_guard_s, reference_pipeline, source
 
 from zephon_core import LifecycleError, Pipeline, PipelineError, PipelineIterator
 from zephon_core.testing import assert_streams_equal, take
@@ -37,6 +37,7 @@ def state_at_n() -> dict:
 # -- a handle keeps what it needs alive ------------------------------------------------------
 
 
+@pytest.mark.slow  # many seconds in this process
 def test_for_loop_over_a_temporary_pipeline_delivers_the_stream(reference):
     got = []
     for batch in reference_pipeline():  # nothing else refers to this Pipeline
@@ -61,7 +62,7 @@ def test_dropping_an_iterator_stops_its_threads():
     assert pump.is_alive()
     del it
     gc.collect()
-    pump.join(10)
+    pump.join(hang_guard_s(60))
     assert not pump.is_alive(), "a dropped iterator must not leave its pump thread running"
 
 

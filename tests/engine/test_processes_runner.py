@@ -14,6 +14,7 @@ from helpers import (
     byte_tokenize,
     drop_some,
     exit_process,
+    hang_guard_s,
     kill_process,
     returns_unpicklable,
     source,
@@ -21,6 +22,9 @@ from helpers import (
 
 from zephon_core import ConfigError, Pipeline, PipelineError
 from zephon_core.testing import assert_resume_equivalent, assert_streams_equal, take
+
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 
 def build(runner: str = "processes", lanes: int = 2, fn=byte_tokenize) -> Pipeline:
@@ -110,7 +114,7 @@ def test_close_stops_the_worker_processes():
     procs = list(iter(pipe).run.procs.pool._processes.values())
     assert procs and all(p.is_alive() for p in procs)
     pipe.close()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + hang_guard_s(60)  # a hang guard: they exit at once
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling for exit, bounded; not synchronisation
     assert not any(p.is_alive() for p in procs)

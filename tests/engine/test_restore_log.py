@@ -43,7 +43,7 @@ def test_iterator_restore_logs_origin_position_lanes_and_replay(caplog):
     assert m["lanes"] == "0, 1, 2, 3" and int(m["chunks"]) == chunks
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_loader_restore_logs_once(caplog, workers):
     state = _state()
     pipe = reference_pipeline()

@@ -46,6 +46,7 @@ def test_a_filter_that_drops_everything_is_a_stall(prefetch, caplog):
     assert "--- thread" in caplog.text, "every thread's stack is logged"
 
 
+@pytest.mark.slow
 def test_a_stall_inside_dataloader_workers_reaches_the_training_loop():
     pipe = _dropping(prefetch=2)
     loader = pipe.dataloader(num_workers=2)

@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch.distributed as dist
+from helpers import hang_guard_s
 from hf_helpers import (
     CrashAt,
     LossLog,
@@ -47,14 +48,20 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--ragged", type=int, default=0)
     ap.add_argument("--ending", type=int, default=0, help="the finite ending_pipeline()")
-    ap.add_argument("--slow-save", type=float, default=0.0, help="rank 0 writes slowly")
+    ap.add_argument(
+        "--slow-save",
+        type=int,
+        default=0,
+        help="rank 0 writes the model until rank 1's aggregation round of that save ended",
+    )
     ap.add_argument("--agg-timeout", type=float, default=300.0)
     ap.add_argument("--probe-no-checkpoint", type=int, default=0)
     ap.add_argument("--teardown", type=int, default=0, help="exit through interpreter teardown")
     a = ap.parse_args()
     rank_env = os.environ.get("RANK", "0")
     stacks = open(f"{a.record}.rank{rank_env}.stacks", "w")  # noqa: SIM115 - lives until exit
-    faulthandler.dump_traceback_later(240, exit=True, file=stacks)  # a hang shows every stack
+    # a hang shows every stack, before the test's own guard (test_hf_multiprocess.py) fires
+    faulthandler.dump_traceback_later(hang_guard_s(540), exit=True, file=stacks)
     warned = WarningLog()
     logging.getLogger("zephon_integrations").addHandler(warned)
     if a.probe_no_checkpoint:
@@ -82,14 +89,8 @@ def main() -> None:
         pipe = (ragged_pipeline if a.ragged else ending_pipeline if a.ending else make_pipeline)()
         return pipe.with_options(aggregate_timeout_s=a.agg_timeout)
 
-    if a.slow_save and os.environ.get("RANK") == "0":  # stands for a large model's files
-        save_model = Trainer.save_model
-
-        def slow_save_model(self, *args, **kwargs):
-            time.sleep(a.slow_save)
-            return save_model(self, *args, **kwargs)
-
-        Trainer.save_model = slow_save_model
+    if a.slow_save:
+        slow_save(a.record, int(rank_env))
     if a.path == "callback":
         zephon = ZephonCallback(build)
         trainer = Trainer(
@@ -106,6 +107,41 @@ def main() -> None:
         return
     record = {"world": args.world_size, "seen": model.seen, "losses": losses.losses}
     _finish(a, args.process_index, dict(record, warnings=warned.messages))
+
+
+def slow_save(record: str, rank: int) -> None:
+    """Rank 0 writes the model (as of a large model's files) until rank 1's aggregation
+    round of that save has ended: if the ranks merged only after rank 0's save, rank 1
+    would wait in that round until its budget ran out, and fail."""
+    from zephon_core.distributed.aggregate import Aggregator
+
+    if rank == 1:
+        ended = 0
+        original_round = Aggregator.round
+
+        def round_then_tell(self, local, _orig=original_round):
+            nonlocal ended
+            try:
+                return _orig(self, local)
+            finally:
+                ended += 1
+                with open(f"{record}.round{ended}.rank1", "w"):
+                    pass
+
+        Aggregator.round = round_then_tell
+    if rank == 0:
+        saves = 0
+        save_model = Trainer.save_model
+
+        def slow_save_model(self, *args, **kwargs):
+            nonlocal saves
+            saves += 1
+            done, give_up = f"{record}.round{saves}.rank1", time.monotonic() + hang_guard_s(300)
+            while not os.path.exists(done) and time.monotonic() < give_up:
+                time.sleep(0.01)
+            return save_model(self, *args, **kwargs)
+
+        Trainer.save_model = slow_save_model
 
 
 def probe_no_checkpoint(out: str, rank: str) -> dict[str, str]:

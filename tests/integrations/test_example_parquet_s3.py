@@ -7,6 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from helpers import hang_guard_s
+
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -16,7 +22,7 @@ def test_the_s3_parquet_lightning_example_resumes_exactly():
         cwd=EXAMPLES,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=hang_guard_s(900),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "identical: the 8 batches and losses after the resume match" in done.stdout

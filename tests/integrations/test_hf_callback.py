@@ -30,6 +30,10 @@ from zephon_integrations.hf import ZephonCallback
 from zephon_integrations.hf import callback as callback_module
 from zephon_integrations.hf.checkpoint_dir import STATE_FILE
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
@@ -66,7 +70,13 @@ def run(out, max_steps, resume=None, crash_at=None, resume_from=None, pipeline=m
 
 
 @pytest.mark.parametrize(
-    "gas, workers, dispatch", [(1, 0, True), (2, 0, True), (1, 2, True), (2, 2, False)]
+    "gas, workers, dispatch",
+    [
+        (1, 0, True),
+        (2, 0, True),
+        pytest.param(1, 2, True, marks=pytest.mark.slow),
+        pytest.param(2, 2, False, marks=pytest.mark.slow),
+    ],
 )
 def test_resume_continues_the_stream_exactly(tmp_path, gas, workers, dispatch):
     kw = dict(gas=gas, workers=workers, dispatch=dispatch)
@@ -168,6 +178,7 @@ def test_misuse_is_named(tmp_path):
         trainer.train()
 
 
+@pytest.mark.slow
 def test_trainer_workers_move_into_zephon(tmp_path):
     zephon = ZephonCallback(make_pipeline)
     trainer = Trainer(

@@ -52,6 +52,7 @@ def build(path: str, out, trainer_cls=None, **options):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["callback", "trainer"])
 def test_each_ignored_option_is_named_once(tmp_path, caplog, path):
     caplog.set_level(logging.WARNING, logger="zephon_integrations")
@@ -81,6 +82,7 @@ class PrefetchSeen(TrainerCallback):
         self.seen.append(loader.prefetch_factor)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["callback", "trainer"])
 def test_prefetch_factor_reaches_zephons_workers(tmp_path, path):
     trainer = build(path, tmp_path / "a", dataloader_num_workers=2, dataloader_prefetch_factor=4)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import worker_env
+from helpers import hang_guard_s, worker_env
 from hf_helpers import (
     ENDING_STEPS,
     ending_pipeline,
@@ -37,12 +37,15 @@ from zephon_core import Pipeline
 from zephon_integrations.hf import ZephonCallback, ZephonTrainer
 from zephon_integrations.hf.checkpoint_dir import STATE_FILE
 
+# every test here starts processes (see tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 WORKER = Path(__file__).with_name("hf_dist_worker.py")
 RANKS = 2
 STEPS, CRASH = 8, 6
-LAUNCH_TIMEOUT_S = 300
+LAUNCH_TIMEOUT_S = hang_guard_s(600)  # a hang guard; the ranks print their stacks before
 
 
 def torchrun(
@@ -256,8 +259,10 @@ def test_dispatching_ragged_batches_fails_on_every_rank_before_training(tmp_path
 @pytest.mark.parametrize("path", ["callback", "trainer"])
 def test_rank_zero_writing_a_checkpoint_slowly_does_not_time_out_the_merge(tmp_path, path):
     """Ranks merge their lane states before the Trainer saves: rank 0 writing the model
-    for longer than the aggregation budget does not leave the others waiting in a round."""
-    opts = dict(path=path, dispatch=0, gas=1, slow_save=4, agg_timeout=2)
+    for longer than the aggregation budget does not leave the others waiting in a round.
+    Rank 0's save lasts until rank 1's round has ended (``hf_dist_worker.slow_save``): as
+    long as the budget, had the merge come after the save."""
+    opts = dict(path=path, dispatch=0, gas=1, slow_save=1, agg_timeout=hang_guard_s(60))
     records = launch(tmp_path, "slow", "a", steps=3, **opts)
     ref = reference(3 * RANKS)
     assert [r["seen"] for r in records] == [ref[r::RANKS] for r in range(RANKS)]

@@ -14,6 +14,10 @@ from hf_helpers import fingerprint, hf_train, mixture_pipeline, zephon_warnings
 from zephon_core import IncompatibleCheckpoint
 from zephon_integrations.hf.checkpoint_dir import read_state
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 BOTH = ("callback", "trainer")

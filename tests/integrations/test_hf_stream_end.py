@@ -14,6 +14,10 @@ import logging
 import pytest
 from hf_helpers import ENDING_STEPS, PATHS, ending_pipeline, hf_train, zephon_warnings
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 MAX_STEPS = 40  # more than the stream holds

@@ -18,6 +18,10 @@ from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
 from zephon_integrations.hf.trainer import STATE_FILE, ZephonTrainer
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
@@ -60,7 +64,9 @@ def run(out, max_steps, resume=None, gas=1, workers=0, limit=2, crash_at=None, l
     return t.seen
 
 
-@pytest.mark.parametrize("gas, workers", [(1, 0), (2, 0), (1, 2)])
+@pytest.mark.parametrize(
+    "gas, workers", [(1, 0), (2, 0), pytest.param(1, 2, marks=pytest.mark.slow)]
+)
 def test_resume_from_last_checkpoint_continues_the_stream(tmp_path, gas, workers):
     full = run(tmp_path / "a", 8, gas=gas, workers=workers)
     assert full == reference(8 * gas)  # every rank-0 batch is the global stream, none skipped

@@ -28,6 +28,10 @@ from lightning_helpers import (
 from zephon_core import ConfigError, IncompatibleCheckpoint, MissingCheckpointState
 from zephon_integrations.lightning import ZephonDataModule
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 DM_KEY = "ZephonDataModule"
 MAX_STEPS = 12
 K = 5  # ModelCheckpoint(every_n_train_steps=5): the resume point
@@ -56,7 +60,9 @@ def _lane_ids(state: dict) -> list[int]:
 
 @pytest.mark.parametrize("val_every", [None, 3], ids=["noval", "val3"])
 @pytest.mark.parametrize("accumulate", [1, 2], ids=["acc1", "acc2"])
-@pytest.mark.parametrize("num_workers", [0, 2], ids=["w0", "w2"])
+@pytest.mark.parametrize(
+    "num_workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["w0", "w2"]
+)
 def test_resume_from_step_checkpoint_continues_exactly(
     tmp_path, num_workers, accumulate, val_every
 ):
@@ -103,7 +109,11 @@ def test_resume_from_step_checkpoint_continues_exactly(
         assert tail.val_batches > 0
 
 
-@pytest.mark.parametrize("num_workers,accumulate", [(0, 1), (2, 2)], ids=["w0-acc1", "w2-acc2"])
+@pytest.mark.parametrize(
+    "num_workers,accumulate",
+    [(0, 1), pytest.param(2, 2, marks=pytest.mark.slow)],
+    ids=["w0-acc1", "w2-acc2"],
+)
 def test_resume_from_last_continues_exactly(tmp_path, num_workers, accumulate):
     """A run that stopped at max_steps=7 (a "crash" after step 7) resumed with
     ckpt_path="last": it continues from last.ckpt's step (K=5) with the batches the
@@ -135,6 +145,7 @@ def test_resume_from_last_continues_exactly(tmp_path, num_workers, accumulate):
     assert _fps(second) == full_fps[K * accumulate :]
 
 
+@pytest.mark.slow
 def test_resume_of_a_resumed_run_continues_exactly(tmp_path):
     """Checkpoints written by a resumed run resume exactly too (W=2, accumulation 2,
     validation every 3 batches)."""
@@ -162,7 +173,11 @@ def test_resume_of_a_resumed_run_continues_exactly(tmp_path):
     assert _fps(third) == full_fps[18:]
 
 
-@pytest.mark.parametrize("num_workers,accumulate", [(0, 1), (2, 2)], ids=["w0-acc1", "w2-acc2"])
+@pytest.mark.parametrize(
+    "num_workers,accumulate",
+    [(0, 1), pytest.param(2, 2, marks=pytest.mark.slow)],
+    ids=["w0-acc1", "w2-acc2"],
+)
 def test_resume_from_checkpoints_written_at_validation_end(tmp_path, num_workers, accumulate):
     """A default ModelCheckpoint saves when the mid-epoch validation (every 3 batches)
     ends; with accumulation 2 the first such save (global_step 1 after 3 batches) is
@@ -331,6 +346,7 @@ def ddp_run(tmp_path_factory):
     return record_dir, ckpt_dir, tmp
 
 
+@pytest.mark.slow
 def test_ddp_ranks_read_their_own_lanes_of_the_global_stream(ddp_run):
     record_dir, _, _ = ddp_run
     ranks = [read_rank_records(str(record_dir), r) for r in (0, 1)]
@@ -345,6 +361,7 @@ def test_ddp_ranks_read_their_own_lanes_of_the_global_stream(ddp_run):
     assert set(seen) == set(stream)
 
 
+@pytest.mark.slow
 def test_ddp_checkpoint_from_rank0_holds_every_lane(ddp_run):
     _, ckpt_dir, _ = ddp_run
     raw, state = _zephon_state(step_checkpoint(ckpt_dir, DDP_K))
@@ -356,6 +373,7 @@ def test_ddp_checkpoint_from_rank0_holds_every_lane(ddp_run):
     assert state["position"] == 2 * raw["global_step"] * ACC
 
 
+@pytest.mark.slow
 def test_ddp_resume_on_two_devices_is_exact(ddp_run):
     record_dir, ckpt_dir, tmp = ddp_run
     full = [read_rank_records(str(record_dir), r) for r in (0, 1)]
@@ -381,6 +399,7 @@ def test_ddp_resume_on_two_devices_is_exact(ddp_run):
     assert state["position"] == 2 * (2 * DDP_K) * ACC
 
 
+@pytest.mark.slow
 def test_ddp_checkpoint_resumes_on_one_device_continuing_the_global_stream(ddp_run, tmp_path):
     _, ckpt_dir, _ = ddp_run
     model, _, _ = fit(
@@ -446,7 +465,9 @@ def test_a_renamed_datamodule_subclass_still_finds_its_state(tmp_path):
     assert _fps(again) == _fps(full)[K:]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2], ids=["w0", "w2"])
+@pytest.mark.parametrize(
+    "num_workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["w0", "w2"]
+)
 def test_resume_with_dropout_is_bit_identical(tmp_path, num_workers):
     kw = dict(num_workers=num_workers, dropout=0.5)
     full, _, _ = fit(max_steps=MAX_STEPS, ckpt_dir=str(tmp_path / "a"), **kw)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from lightning.pytorch.cli import LightningCLI
 from lightning_helpers import Tiny, fit, global_stream, step_checkpoint
 
 from zephon_integrations.lightning import ZephonDataModule
+
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
 
 
 def test_cli_builds_the_datamodule_from_a_factory_import_path(tmp_path):

@@ -14,6 +14,10 @@ import pytest
 import torch
 from lightning_helpers import Tiny, fit, global_stream, small_val_loader, step_checkpoint
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 DROP = 0.5
 
 

@@ -11,6 +11,10 @@ from lightning_helpers import fingerprint, fit, make_finite_pipeline, step_check
 
 from zephon_core import ConfigError
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 STREAM_END = "zephon_integrations.lightning.stream_end"
 
 

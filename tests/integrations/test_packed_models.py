@@ -19,6 +19,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from zephon_core import Pipeline, StaticMixtureWorkSource
 from zephon_core.testing import take
 
+# trains models in this process for many seconds per test: `make test-fast` leaves
+# them to `make test`
+pytestmark = pytest.mark.slow
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 VOCAB, SEQ = 97, 32

@@ -175,7 +175,9 @@ def test_good_custom_operator_resumes_exactly(factory, lanes, k, prefetch, batch
     out = run(fn(), total)
     assert len(out) == total
     report = assert_resume_equivalent(fn, [0, 1, 7, 20, 33, 45, 59, total], total)
-    assert max(report.chunks_replayed) <= lanes * (k + 2)  # bounded replay
+    # bounded replay; a pump thread may have pulled up to ``prefetch`` outputs ahead of
+    # the consumer (their chunks are replayed too): how many depends on thread timing
+    assert max(report.chunks_replayed) <= lanes * (k + 2 + prefetch)
 
 
 def _next_ids(batch):

@@ -4,6 +4,7 @@ definition of what a packed batch holds, for random layouts and every attention 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,7 @@ def reference(ids, lens, seglens, attention):
     return {k: torch.as_tensor(v) for k, v in out.items()}
 
 
+@pytest.mark.slow  # many seconds in this process
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(
     width=st.integers(1, 40),

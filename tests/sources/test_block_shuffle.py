@@ -58,6 +58,7 @@ def test_each_lane_reads_a_contiguous_run_of_blocks(layout):
     assert touched <= (len(bounds) - 1) + lanes - 1
 
 
+@pytest.mark.slow  # many seconds in this process
 @PROP
 @given(
     n=st.integers(1, 3000),
@@ -112,6 +113,7 @@ class Blocks:
         return self.bounds
 
 
+@pytest.mark.slow  # many seconds in this process
 @PROP
 @given(
     sizes=st.lists(st.integers(1, 30), min_size=1, max_size=12),
@@ -145,6 +147,7 @@ def test_lanes_partition_every_epoch_of_every_dataset(
     assert seen[1] == Counter({r: epochs for r in range(len(b))})
 
 
+@pytest.mark.slow  # many seconds in this process
 @PROP
 @given(
     lanes=st.integers(1, 4),
@@ -225,6 +228,7 @@ def test_a_block_shuffled_pipeline_resumes_exactly_at_many_cuts():
     assert_resume_equivalent(_pipe, cut_points=[0, 1, 7, 23, 60], total=90)
 
 
+@pytest.mark.slow
 def test_one_stream_for_every_topology_and_resume_across_topologies():
     """Workers and ranks change nothing: a cut under 2 ranks x 2 workers resumes under
     1 rank x 0 workers and vice versa, equal to the uninterrupted in-process stream."""

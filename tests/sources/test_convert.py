@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from helpers import hang_guard_s
 
 from zephon_core import ConfigError
 from zephon_core.sources.convert import jsonl_to_parquet
@@ -57,13 +58,14 @@ def test_bad_lines_are_named_and_leave_no_shard(raw, tmp_path):
         jsonl_to_parquet(str(raw / "nothing-*.jsonl"), str(tmp_path / "o3"))
 
 
+@pytest.mark.slow
 def test_the_zephon_convert_command(raw, tmp_path):
     zephon = Path(sys.executable).parent / "zephon"
     out = tmp_path / "cli"
     done = subprocess.run(
         [str(zephon), "convert", str(raw / "a.jsonl.zst"), str(raw / "c.jsonl"),
          "--out", str(out), "--row-group-rows", "50"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=hang_guard_s(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "wrote 2 Parquet shard(s)" in done.stdout

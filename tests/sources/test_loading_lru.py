@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers import hang_guard_s
 
 from zephon_core.sources.loading_lru import LoadingLRU
 
@@ -29,7 +30,7 @@ def test_concurrent_misses_load_once():
 
     def load():
         loads.append(1)
-        release.wait(timeout=30)
+        release.wait(timeout=hang_guard_s(120))  # a hang guard: released at once
         return "table"
 
     def worker():
@@ -43,7 +44,7 @@ def test_concurrent_misses_load_once():
     ready.wait()  # every thread is about to ask
     release.set()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=hang_guard_s(120))  # a hang guard
     assert len(loads) == 1 and len(results) == n
     assert sorted(hit for _, hit in results) == [False] + [True] * (n - 1)
 

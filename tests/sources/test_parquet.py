@@ -110,6 +110,7 @@ def test_shards_in_s3_read_and_stream_like_local_ones(s3, local):
         assert_streams_equal(take(remote, 12), take(here, 12), "s3 vs local shards")
 
 
+@pytest.mark.slow
 def test_s3_shards_through_dataloader_workers_resume_exactly(s3):
     fs, options = s3
 

@@ -338,6 +338,7 @@ def test_an_object_rewritten_under_the_job_is_source_changed_at_once(s3, fast_re
         build().load_state_dict(state)
 
 
+@pytest.mark.slow  # many seconds in this process
 def test_a_throttled_index_build_is_retried_then_named_throttled(s3, fast_retries):
     from zephon_core import StorageThrottled
 

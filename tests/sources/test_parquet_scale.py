@@ -94,6 +94,7 @@ def _pipe(comp, **kw) -> Pipeline:
     return parquet_pipe(comp, shuffle_block="row_group", **kw)
 
 
+@pytest.mark.slow
 def test_workers_ship_their_read_counters(shards):
     comp = parquet_component(str(shards), columns=["text"])
     with _pipe(comp).dataloader(num_workers=2) as loader:
@@ -105,6 +106,7 @@ def test_workers_ship_their_read_counters(shards):
     assert comp.io_stats()["row_group_reads"] == 0  # the reads happened in the workers
 
 
+@pytest.mark.slow  # many seconds in this process
 def test_s3_index_next_to_the_data_and_a_disk_cache(tmp_path):
     """The index lives in the bucket; a second component with the same disk cache streams
     the same records without reading row-group bytes from the endpoint again."""
@@ -159,6 +161,7 @@ def corpus(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # many seconds in this process
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(
     cuts=st.lists(st.integers(0, 60), min_size=1, max_size=3, unique=True),
@@ -183,6 +186,7 @@ def test_random_cuts_resume_exactly_on_parquet_blocks(corpus, cuts, lanes, windo
     assert_resume_equivalent(build, sorted(cuts), total=70)
 
 
+@pytest.mark.slow
 def test_parquet_blocks_resume_across_topologies(corpus):
     def build():
         comp = parquet_component(str(corpus), columns=["text"])
@@ -194,6 +198,7 @@ def test_parquet_blocks_resume_across_topologies(corpus):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_workers_share_one_disk_cache_and_stream_the_same(corpus, tmp_path):
     """DataLoader workers (separate processes) read through one cache directory, twice:
     the stream is the uncached one."""

@@ -363,6 +363,7 @@ def test_bad_state_raises_corrupt_checkpoint(name: str, corrupt: Any) -> None:
     assert _take(target, 2) == expected  # a rejected state changes nothing
 
 
+@pytest.mark.slow
 def test_determinism_across_processes() -> None:
     code = (
         "from zephon_core.sources import StaticMixtureWorkSource as S\n"

@@ -116,7 +116,9 @@ class FaultProxy:
                         proxy._count(self.command, len(proxy.SLOWDOWN))
                         self.wfile.write(proxy.SLOWDOWN)
                         return
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
+                # a hang guard only: the server answers at once, but on a loaded machine
+                # a request may wait long for the CPU
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=300)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "expect"}
                 conn.request(self.command, self.path, body, headers)
                 resp = conn.getresponse()
