@@ -1,8 +1,8 @@
 """Work sources: where a pipeline's sample pointers come from.
 
 A :class:`Source` (e.g. :class:`StaticMixtureWorkSource`; the :class:`SourceSpec`
-protocol is its required part) opens one :class:`WorkSource` per lane; each produces :class:`WorkChunk` s whose position
-is restored in O(1) from a small state dict.
+protocol is its required part) opens one :class:`WorkSource` per lane; each produces
+:class:`WorkChunk` s whose position is restored in O(1) from a small state dict.
 """
 
 from __future__ import annotations
