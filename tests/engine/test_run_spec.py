@@ -63,6 +63,7 @@ def test_a_pipeline_keeps_no_run_state(reference):
     pipe.close()
 
 
+@pytest.mark.slow  # DataLoader workers
 def test_a_handle_from_a_spec_alone_runs_and_resumes_exactly(reference):
     spec = reference_pipeline().run_spec()  # the pipeline is a temporary
     gc.collect()
