@@ -269,9 +269,13 @@ def run(args: argparse.Namespace) -> None:
             f"run B: {how}; its checkpoint holds a {size}-byte Zephon state "
             f"({len(state['lanes'])} lanes, {inflight} inflight chunks to replay)"
         )
+        # Lightning's own lines are silenced above; run C shows its restore lines
+        # ("Restoring states ..." and Zephon's "zephon: restored from ...")
+        logging.getLogger("lightning.pytorch").setLevel(logging.INFO)
         resumed_model, _ = fit(
             tok, 2 * n, d / "C", resume=str(ckpt), progress=StepLines("C", every)
         )
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
         print(
             f"run C: new Trainer + new ZephonDataModule, ckpt_path=last.ckpt, steps "
             f"{start}..{2 * n - 1}\n"
