@@ -150,14 +150,16 @@ def _held(slots: Iterable[str], num_lanes: int) -> str:
 
 
 def _missing(
-    missing: list[int], held: str, num_lanes: int, position: int | None, topology: Topology
+    missing: list[int], held: str, num_lanes: int, position: int | None, topology: Topology | None
 ) -> MissingLanes:
-    where = f"dp_rank {topology.dp_rank} of dp_size {topology.dp_size}"
+    where = "this run needs"
+    if topology is not None:
+        where = f"dp_rank {topology.dp_rank} of dp_size {topology.dp_size} owns"
     lanes = ""
     if position is not None:
         lanes = f" = lanes {[(position + s) % num_lanes for s in missing[:16]]}"
     return MissingLanes(
-        f"the per-rank state lacks slot(s) {missing[:16]}{lanes} that {where} owns "
+        f"the per-rank state lacks slot(s) {missing[:16]}{lanes} that {where} "
         f"(slot = (lane - position) mod canonical_replicas={num_lanes}); it holds {held}. "
         f"Fix: {_FIX}"
     )
@@ -252,7 +254,7 @@ def check(checkpoint_id: str | os.PathLike, handle: Any, key: str = "data") -> N
     from torch.distributed.checkpoint import FileSystemReader
 
     path = os.fspath(checkpoint_id)
-    plan, topo = handle.spec.plan, handle.spec.topology
+    plan = handle.spec.plan
     n = plan.num_lanes
     try:
         md = FileSystemReader(path).read_metadata()
@@ -289,7 +291,7 @@ def check(checkpoint_id: str | os.PathLike, handle: Any, key: str = "data") -> N
                 f", this pipeline has {n}; rebuild the pipeline with the saved value"
             )
     if missing:
-        err = _missing(missing, _held(have, n), n, position, topo)
+        err = _missing(missing, _held(have, n), n, position, None)  # the same on every rank
         raise MissingLanes(f"checkpoint {path}: {err}")
     if meta is not None:  # configuration and content, as a restore would (no lanes yet)
         admit(_parse({"meta": meta, "slots": {}}, plan, None)[0], plan, lanes=())
