@@ -109,13 +109,23 @@ def test_loader_state_dict_is_local_cheap_and_after_the_batches_handed_out():
         assert loader.state_dict() == b
     finally:
         loader.close()
-    # rank 1 of 3 at global position 9 continues with its lanes
+    # rank 1 of 3 at global position 9 continues with its lanes, in an iterator and in a
+    # loader with workers (loaded before its first pass)
     again = bound(3, 1).iterate()
     try:
         again.load_state_dict(b)
         assert_streams_equal(ref[10:20:3], [next(again) for _ in range(4)])
     finally:
         again.close()
+    loader = bound(3, 1).dataloader(num_workers=2)
+    try:
+        loader.load_state_dict(b)
+        it = iter(loader)
+        assert_streams_equal(ref[10:20:3], [next(it) for _ in range(4)])
+        with pytest.raises(LifecycleError, match="before the first output"):
+            loader.load_state_dict(b)
+    finally:
+        loader.close()
 
 
 def test_restore_and_pipeline_load_state_dict_take_the_per_rank_shape():
