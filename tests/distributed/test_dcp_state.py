@@ -234,3 +234,15 @@ def test_dcp_files_on_one_process_and_the_pre_load_check(tmp_path):
         with pytest.raises(MissingLanes, match=r"slot\(s\) \[3\]"):
             with zdcp.translated(h, checkpoint_id=tmp_path / "part"):
                 dcp.load({"data": h}, checkpoint_id=str(tmp_path / "part"))
+
+
+def test_a_pipeline_holding_one_ranks_share_does_not_pass_it_off_as_every_lane():
+    from zephon_core.errors import ConfigError
+
+    with SimulatedRanks(build, dp_size=2) as ranks:
+        ranks.take(4)
+        share = ranks.handles[1].state_dict()
+    pipe = bound(2, 1)
+    pipe.load_state_dict(share)  # what this rank resumes from: fine
+    with pytest.raises(ConfigError, match="one rank's share"):
+        pipe.checkpoint()  # but not a merged state of every lane
