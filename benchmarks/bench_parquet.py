@@ -178,7 +178,7 @@ def zephon_child(cfg: dict) -> None:
             if rows % every == 0:
                 samples.append([rows, rss_mb()])
             if rows in marks:
-                states.append([marks[rows], it.state_dict()])
+                states.append([marks[rows], it.checkpoint()])
             if rows >= limit:
                 break
     seconds = time.perf_counter() - t0

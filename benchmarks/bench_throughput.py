@@ -423,7 +423,7 @@ def bench_restore(
     with zephon_pipeline(fn).iterate() as it:
         for i, _ in enumerate(itertools.islice(it, max(RESTORE_AT)), 1):
             if i in RESTORE_AT:
-                states[i] = it.state_dict()
+                states[i] = it.checkpoint()
             if i == RESTORE_AT[0]:
                 threads = _threads()
         shape = _zephon_shape(it.stats(), mean_len)

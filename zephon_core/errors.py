@@ -91,6 +91,12 @@ class IncompatibleCheckpoint(CheckpointError):
     functions, or with another schema."""
 
 
+class MissingLanes(IncompatibleCheckpoint):
+    """A per-rank (DCP-shaped) state lacks lanes this rank owns now. The message names the
+    lanes the state holds, the ones this rank needs, and how to save a state that has them.
+    """
+
+
 class UntrustedCheckpoint(CheckpointError):
     """Reading the file would unpickle a global that can run code; it was not read. The
     message names the globals and how to read a file you trust."""

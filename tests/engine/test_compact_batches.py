@@ -126,7 +126,7 @@ def test_a_batch_whose_tensors_fail_to_build_is_not_counted(monkeypatch):
     with pytest.raises(MemoryError):
         next(it)
     monkeypatch.undo()
-    state = loader.state_dict()
+    state = loader.checkpoint()
     loader.close()
     with _pipe().dataloader(num_workers=2, restore=state) as again:
         got += take(again, 3)

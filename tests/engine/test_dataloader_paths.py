@@ -49,7 +49,7 @@ def test_one_output_completing_several_chunks(tail):
     want = _plain(build, 12)
     loader = build().dataloader(num_workers=0)
     got = take(loader, 12)
-    state = loader.state_dict()
+    state = loader.checkpoint()
     loader.close()
     assert_streams_equal(want, got, f"loader ({tail})")
     with build().iterate(restore=state) as it:
@@ -87,7 +87,7 @@ def test_loader_checkpoint_after_a_workers_lanes_ended_restores(workers):
     for cut in range(len(want) - 8, len(want) + 1):
         loader = _finite().dataloader(num_workers=workers)
         got = take(loader, cut)
-        state = loader.state_dict()
+        state = loader.checkpoint()
         loader.close()
         assert_streams_equal(want[:cut], got, f"W={workers} head to {cut}")
         with _finite().iterate(restore=state) as it:
@@ -152,7 +152,7 @@ def test_property_loader_equals_plain_iteration(c):
     got = []
     for piece in c["pieces"]:
         got += take(iter(loader), piece)
-    state = loader.state_dict()
+    state = loader.checkpoint()
     loader.close()
     assert_streams_equal(want[: len(got)], got, f"loader {c}")
     assert len(got) == min(n, len(want))

@@ -189,7 +189,7 @@ def test_error_then_next_never_stops_iteration(prefetch, exc):
         with pytest.raises(PipelineError, match="failed earlier"):
             next(it)
     # its state up to the last delivered output is intact: a fresh iterator continues
-    state = it.state_dict()
+    state = it.checkpoint()
     assert state["position"] == len(got)
     pipe.close()
     with _failing(fn, prefetch).iterate(restore=state) as again:  # fn raised already

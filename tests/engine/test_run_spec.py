@@ -46,10 +46,10 @@ def test_a_pipeline_keeps_no_run_state(reference):
     before = dict(vars(pipe))
     with pipe.iterate() as it:
         take(it, N)
-        state = it.state_dict()
+        state = it.checkpoint()
     with ZephonDataLoader(pipe.run_spec(restore=state), num_workers=0) as loader:
         take(loader, 2)
-        loader.state_dict()
+        loader.checkpoint()
     pipe.run_spec(restore=state)
     pipe.torch_dataset()
     # the same attributes, holding the same objects: nothing was set on the description
@@ -70,7 +70,7 @@ def test_a_handle_from_a_spec_alone_runs_and_resumes_exactly(reference):
     assert isinstance(spec, RunSpec) and _pipelines_inside(spec) == []
     with PipelineIterator(spec) as it:
         assert_streams_equal(reference[:N], take(it, N), "first part")
-        state = it.state_dict()
+        state = it.checkpoint()
         assert _pipelines_inside(it.spec) == []
     resumed = spec.restarted(admit(state, spec.plan))
     with PipelineIterator(resumed) as it:
@@ -78,7 +78,7 @@ def test_a_handle_from_a_spec_alone_runs_and_resumes_exactly(reference):
     with ZephonDataLoader(resumed, num_workers=2) as loader:
         assert _pipelines_inside(loader.dataset) == []  # what workers receive
         assert_streams_equal(reference[N : 2 * N], take(loader, N), "resumed in workers")
-        state = loader.state_dict()
+        state = loader.checkpoint()
     with PipelineIterator(spec.restarted(admit(state, spec.plan))) as it:
         assert_streams_equal(reference[2 * N :], take(it, N), "resumed from the loader")
 
@@ -99,7 +99,7 @@ def test_a_spec_without_an_aggregator_refuses_a_merged_checkpoint_by_name():
     with PipelineIterator(RunSpec(plan, two_ranks)) as it:
         take(it, 2)
         with pytest.raises(ConfigError, match="merge_local_checkpoints"):
-            it.state_dict()
+            it.checkpoint()
         report = it.local_checkpoint()  # this rank's lanes need no aggregator
     assert report["dp_size"] == 2
     assert sorted(PipelineState.from_dict(report["state"]).lanes) == [0, 2]
@@ -109,5 +109,5 @@ def test_a_closed_handle_from_a_spec_says_how_to_continue():
     it = PipelineIterator(reference_pipeline().run_spec())
     take(it, 1)
     it.close()
-    with pytest.raises(LifecycleError, match="restore=it.state_dict"):
+    with pytest.raises(LifecycleError, match=r"restore=it.checkpoint\(\)"):
         next(it)

@@ -33,7 +33,7 @@ of two checkpoints apply, so they never call a state restorable that ``admit`` r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from ..digests.content_diff import content_changes, content_diff
@@ -53,7 +53,11 @@ ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
 
 
 def admit(
-    state: Any, plan: Any, allow_changes: Iterable[str] = (), origin: str | None = None
+    state: Any,
+    plan: Any,
+    allow_changes: Iterable[str] = (),
+    origin: str | None = None,
+    lanes: Collection[int] | None = None,
 ) -> PipelineState:
     """Parse and validate ``state`` against ``plan``; returns the state to restore.
 
@@ -66,6 +70,9 @@ def admit(
         IncompatibleCheckpoint: another configuration, other data or functions (unless
             allowed), or lane progress inconsistent with one global position.
         ConfigError: ``allow_changes`` names something unknown.
+
+    ``lanes``: the lanes ``state`` holds when it is one rank's share of a per-rank state
+    (``distributed/dcp.py``); only those are checked. Default: every lane.
     """
     allowed = allowed_changes(allow_changes)
     parsed = state if isinstance(state, PipelineState) else PipelineState.from_dict(state)
@@ -113,7 +120,7 @@ def admit(
         )
     if parsed.position < 0:
         raise CorruptCheckpoint(f"position {parsed.position} is negative")
-    check_progress(parsed, plan.num_lanes)
+    check_progress(parsed, plan.num_lanes, lanes)
     for ls in parsed.lanes.values():
         _check_lane(ls, plan)
     if allowed & {"data", "functions"}:  # values may differ by choice: do not compare them

@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import struct
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -478,9 +479,11 @@ def _list(x: Any, what: str) -> list:
     return list(x)
 
 
-def check_progress(state: PipelineState, n: int) -> None:
-    """Lane progress must be consistent with one global position."""
-    if sorted(state.lanes) != list(range(n)):
+def check_progress(state: PipelineState, n: int, lanes: Collection[int] | None = None) -> None:
+    """Lane progress must be consistent with one global position. ``lanes``: the lanes the
+    state must hold (a rank's share of a per-rank state); default: all ``n``."""
+    want = list(range(n)) if lanes is None else sorted(lanes)
+    if sorted(state.lanes) != want:
         raise IncompatibleCheckpoint(
             f"checkpoint holds lanes {sorted(state.lanes)}, the pipeline has canonical_replicas={n}"
         )

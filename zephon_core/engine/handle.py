@@ -7,15 +7,21 @@ it starts, how ranks merge) and owns the run; it is the one place to ask for its
 * :class:`PipelineIterator` -- ``pipe.iterate(restore=state)``, or ``PipelineIterator(spec)``;
 * :class:`~zephon_core.engine.torch_data.ZephonDataLoader` -- ``pipe.dataloader(...)``.
 
-Both offer ``state_dict()`` (alias ``checkpoint()``; an aggregation round when several
-ranks hold lanes), ``local_checkpoint()``, ``save(path)``, ``stats()``, ``close()`` and
-the context-manager protocol. A handle never refers to the pipeline that made it (it may
-be collected while the handle runs) and is closed by the garbage collector when dropped.
+Both offer ``checkpoint()`` (the merged state of every lane; an aggregation round when
+several ranks hold lanes), ``save(path)`` (writes it), ``local_checkpoint()``, ``stats()``,
+``close()``, the context-manager protocol, and DCP's ``Stateful`` protocol:
+``state_dict()`` is this rank's lanes only, one ``bytes`` value per lane, with no
+collective (``distributed/dcp.py``), and ``load_state_dict(state)`` -- before the first
+output -- restores a merged state or a per-rank one holding at least this rank's lanes,
+so ``dcp.save({"data": loader}, ...)`` / ``dcp.load`` checkpoint the data per rank and
+resume on any data-parallel size dividing ``canonical_replicas``. A handle never refers to
+the pipeline that made it (it may be collected while the handle runs) and is closed by the
+garbage collector when dropped.
 
 After an error escapes ``next()`` (an operator failure, a stall, a
 ``KeyboardInterrupt``), the iterator never pretends the stream ended: every later call
 raises a ``PipelineError`` saying where it failed (``engine/consumer.py``). Its state up
-to the last delivered output stays valid, so ``state_dict()`` still gives an exact
+to the last delivered output stays valid, so ``checkpoint()`` still gives an exact
 restore point.
 """
 
@@ -24,10 +30,12 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from ..checkpoint import codec
 from ..checkpoint.state import PipelineState
+from ..distributed import dcp
 from ..distributed.finite_end import is_finite, step_agreement
 from ..errors import ConfigError, LifecycleError
 from .consumer import ConsumerSteps
@@ -81,9 +89,61 @@ class StreamHandle:
             self._aggregator = spec.aggregator(topo)
         return self._aggregator.round(local).to_dict()
 
-    def state_dict(self, served: int | None = None) -> dict[str, Any]:
-        """Alias of :meth:`checkpoint`."""
-        return self.checkpoint(served)
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's lanes, shaped for ``torch.distributed.checkpoint`` (DCP):
+        ``{"meta": bytes, "slots": {"00007": bytes, ...}}`` with one key per lane
+        (``distributed/dcp.py``). Local and cheap: no aggregation round, no collective, no
+        worker start; a new dict of immutable values on every call (``dcp.async_save`` keeps
+        the state at the call). A loader's is the state after the batches it handed out.
+        On a fresh handle it names exactly the slots this rank owns: DCP's load template.
+
+        For one file holding every lane (``restore=``, ``save(path)``), use
+        :meth:`checkpoint`.
+        """
+        plan = self.spec.plan
+        if not plan.checkpointing:
+            raise ConfigError(
+                "this pipeline was built with checkpointing=False; build it "
+                "with checkpointing=True to take checkpoints"
+            )
+        return dcp.encode(self._local_state(None), plan.num_lanes)
+
+    def load_state_dict(
+        self,
+        state: dict[str, Any],
+        *,
+        allow_changes: Iterable[str] = (),
+        origin: str | None = None,
+    ) -> None:
+        """Start this handle from ``state`` instead (before its first output): a merged
+        state (:meth:`checkpoint`) or a per-rank one (:meth:`state_dict`, e.g. filled in by
+        ``dcp.load``) holding at least the lanes this rank owns at the state's position.
+        Validated as ``pipe.load_state_dict`` validates (``allow_changes``, ``origin``:
+        the same); only this rank's lanes are decoded.
+
+        Raises:
+            LifecycleError: the handle already delivered an output or was closed.
+            MissingLanes: a per-rank state without a lane this rank owns.
+            CorruptCheckpoint / IncompatibleCheckpoint: see ``checkpoint/restore.py``.
+        """
+        if self._closed or self._started():
+            raise LifecycleError(
+                "load_state_dict() must come before the first output of this handle (it "
+                "already delivered or was closed); build a new one from the state: "
+                "pipe.iterate(restore=state) / pipe.dataloader(restore=state), then "
+                "dcp.load into it before iterating"
+            )
+        spec = self.spec
+        if not spec.plan.checkpointing:
+            raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
+        start = dcp.admit_any(state, spec.plan, spec.topology, allow_changes, origin)
+        self._restart(start)
+
+    def _started(self) -> bool:
+        raise NotImplementedError
+
+    def _restart(self, start: PipelineState) -> None:
+        raise NotImplementedError
 
     def local_checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """This rank's lanes only, without an aggregation round: the report a rank sends
@@ -129,21 +189,31 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
 
         with pipe.iterate(restore=state) as it:
             for batch in it: ...
-            state = it.state_dict()
+            state = it.checkpoint()
 
     Args:
         spec: what to run (``pipe.run_spec(restore=...)``); nothing else is consulted.
     """
 
-    _continue_hint = "state = it.state_dict(); it = pipe.iterate(restore=state)"
+    _continue_hint = "state = it.checkpoint(); it = pipe.iterate(restore=state)"
 
     def __init__(self, spec: RunSpec):
         self._init_handle(spec)
-        plan = spec.plan
-        self._run = PipelineRun(plan, spec.start, spec.topology)
-        self._agree = step_agreement(spec.topology, is_finite(plan.source))
+        self._run = PipelineRun(spec.plan, spec.start, spec.topology)
+        self._agree = step_agreement(spec.topology, is_finite(spec.plan.source))
         self._finalizer = weakref.finalize(self, self._run.close)
         self._restore_log = RestoreLog(spec.start, self._run.order)
+
+    def _started(self) -> bool:
+        return self._run.turn > 0 or self._done or self._failure is not None
+
+    def _restart(self, start: PipelineState) -> None:
+        self._finalizer.detach()
+        self._run.close()
+        self.spec = spec = self.spec.restarted(start)
+        self._run = PipelineRun(spec.plan, start, spec.topology)
+        self._finalizer = weakref.finalize(self, self._run.close)
+        self._restore_log = RestoreLog(start, self._run.order)
 
     def __iter__(self) -> PipelineIterator:
         return self
@@ -157,7 +227,7 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
         if self._closed:
             raise LifecycleError(
                 "this iterator was closed; take a new one "
-                "(pipe.iterate(restore=it.state_dict()) continues exactly)"
+                "(pipe.iterate(restore=it.checkpoint()) continues exactly)"
             )
 
     def prepare(self) -> Any:

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import codec
-from ..checkpoint.restore import admit
 from ..checkpoint.state import PipelineState
+from ..distributed import dcp
 from ..distributed.topology import Topology, detect, validate
 from ..errors import ConfigError
 from ..ops import (
@@ -74,7 +74,7 @@ class Pipeline:
                 .ensure_mixture().batch(batch_size=8))
         with pipe.iterate() as it:
             batch = next(it)
-            state = it.state_dict()        # a plain dict
+            state = it.checkpoint()        # a plain dict
         with pipe.iterate(restore=state) as it2: ...   # continues exactly
 
     Args:
@@ -359,7 +359,7 @@ class Pipeline:
     ) -> PipelineState:
         if not self.checkpointing:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
-        return admit(state, self.compile(), allow_changes, origin)
+        return dcp.admit_any(state, self.compile(), self.topology(), allow_changes, origin)
 
     def _spec(self, start: PipelineState | None) -> RunSpec:
         topo = self.topology()

@@ -191,7 +191,7 @@ class ZephonDataLoader(StreamHandle, DataLoader):
 
         loader = pipe.dataloader(num_workers=2, pin_memory=True)
         for step, batch in enumerate(loader): ...
-        state = loader.state_dict()     # the state right after the last batch taken
+        state = loader.checkpoint()     # the state right after the last batch taken
 
     Args:
         spec: what to run (``pipe.run_spec(restore=...)``); nothing else is consulted.
@@ -239,7 +239,7 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         if self._closed:
             raise LifecycleError(
                 "this loader was closed; take a new one with "
-                "pipe.dataloader(restore=loader.state_dict())"
+                "pipe.dataloader(restore=loader.checkpoint())"
             )
         for it in list(self._live):  # one live iterator: the new one continues from here
             it.close()
@@ -264,6 +264,16 @@ class ZephonDataLoader(StreamHandle, DataLoader):
 
     def _local_state(self, served: int | None) -> PipelineState:
         return self.consumer.snapshot(served)
+
+    def _started(self) -> bool:
+        return self.consumer.served > 0 or self.consumer.turn > 0 or bool(self._live)
+
+    def _restart(self, start: PipelineState) -> None:
+        self.spec = self.spec.restarted(start)
+        self.dataset.spec = self.dataset.spec.restarted(start)
+        self.consumer = RankConsumer(
+            self.spec.plan, self.spec.topology, start, max_read_ahead=self.max_read_ahead
+        )
 
     @property
     def ended(self) -> bool:

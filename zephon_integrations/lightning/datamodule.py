@@ -56,6 +56,18 @@ from .restore_line import shown_by_lightning
 from .steps import StepTracker
 
 STATE_KEY = "zephon"
+
+
+class _ModuleLoader(ZephonDataLoader):
+    """The module's loader, without DCP's ``state_dict``/``load_state_dict``: Lightning's
+    CombinedLoader saves and reloads any loader that has them, with the state after the
+    batches read ahead and rank 0's lanes only. The module keeps the data state instead
+    (``checkpoint(served=...)``, merged over the ranks)."""
+
+    state_dict = None  # type: ignore[assignment]
+    load_state_dict = None  # type: ignore[assignment]
+
+
 # batches the loader may hand out past a checkpoint's position: Lightning reads one ahead,
 # and a checkpoint inside an accumulation window records the window's start
 _READ_AHEAD = 16
@@ -195,13 +207,16 @@ class ZephonDataModule(pl.LightningDataModule):
             self._loader.close()
         origin = getattr(trainer, "ckpt_path", None) if restore is self._restore else None
         accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
-        self._loader = self.pipeline.description().dataloader(
+        spec = self.pipeline.description().run_spec(
+            restore,
+            allow_changes=allow if restore is not None else (),
+            origin=str(origin) if origin else None,
+        )
+        self._loader = _ModuleLoader(
+            spec,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             max_read_ahead=max(_READ_AHEAD, accumulate + 2),
-            restore=restore,
-            allow_changes=allow if restore is not None else (),
-            origin=str(origin) if origin else None,
         )
         if continuing and trainer is not None:
             self.steps.rebase()
