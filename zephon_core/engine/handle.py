@@ -79,7 +79,7 @@ class StreamHandle:
             )
         if self._aggregator is None:
             self._aggregator = spec.aggregator(topo)
-        return self._aggregator.round(local).to_dict()
+        return self._aggregator.round(local)
 
     def state_dict(self, served: int | None = None) -> dict[str, Any]:
         """Alias of :meth:`checkpoint`."""

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import codec
-from ..checkpoint.restore import admit
+from ..checkpoint.owned_lanes import OwnedLanesState
+from ..checkpoint.restore import admit, admit_owned
 from ..checkpoint.state import PipelineState
 from ..distributed.topology import Topology, detect, validate
 from ..errors import ConfigError
@@ -359,11 +360,17 @@ class Pipeline:
     ) -> PipelineState:
         if not self.checkpointing:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
-        return admit(state, self.compile(), allow_changes, origin)
+        topo = self.topology()
+        # one rank of several decodes and validates only its own lanes (owned_lanes.py)
+        return admit_owned(state, self.compile(), topo.dp_rank, topo.dp_size, allow_changes, origin)
 
     def _spec(self, start: PipelineState | None) -> RunSpec:
         topo = self.topology()
         plan = self.compile()
+        if isinstance(start, OwnedLanesState) and not start.owns(topo.dp_rank, topo.dp_size):
+            # admitted for another place (bound, or torch.distributed started, since):
+            # this place's lanes are among the others, so admit the state whole
+            start = admit(start.to_dict(), plan, start.allowed, start.origin)
         return RunSpec(
             plan=plan,
             topology=Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size),
