@@ -201,3 +201,10 @@ def s3_fs():
 
     with s3_server(BUCKET) as (endpoint, _):
         yield _s3fs(endpoint), endpoint
+
+
+def test_expected_lanes_are_every_dth_lane_from_the_ranks_first():
+    from zephon_core.distributed.merge import expected_lanes
+
+    for c, d, r, p in [(8, 4, 1, 5), (12, 3, 2, 0), (7, 3, 0, 11), (1024, 256, 255, 1040)]:
+        assert expected_lanes(c, d, r, p) == {lane for lane in range(c) if (lane - p) % d == r}

@@ -24,6 +24,13 @@ removes what earlier rounds left behind (a leader killed mid-round leaves its st
 merged marker; a killed writer its temporary file): nobody else is inside a round then.
 A leader that cannot even write the announcement leaves it empty, which followers
 already waiting take as its failure. Messages: ``round_messages.py``.
+
+At scale (issue 21): the leader's storage calls do not grow with the number of ranks --
+it waits for the reports and the acknowledgements with one listing per poll, reads what
+arrived together (concurrently on an object store) and deletes in batches; followers poll
+with a backoff that thins out as the round lasts (``storage.py``); a follower returns the
+merged state as decoded bytes without building lane objects (the leader validated every
+lane, and each rank's restore admits the lanes it owns: ``checkpoint/owned_lanes.py``).
 """
 
 from __future__ import annotations
