@@ -285,7 +285,42 @@ def _admission(full: dict, D: int) -> dict:
     }
 
 
-def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256)) -> dict:
+def _s3_round(full: dict, D: int) -> dict:
+    """One simulated round over S3 (moto's server on 127.0.0.1 through s3fs), with the
+    requests a bucket would see counted by a proxy in front of it."""
+    import os
+
+    from zephon_core.testing.s3 import FaultProxy, s3_server
+
+    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    saved = {k: os.environ.get(k) for k in keys}
+    with s3_server("rounds") as (endpoint, _):
+        proxy = FaultProxy(endpoint)
+        os.environ.update(
+            AWS_ENDPOINT_URL=proxy.url,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        try:
+            _simulated_round(full, 2, "s3://rounds/warm-up")
+            proxy.reset_counts()
+            row = _simulated_round(full, D, "s3://rounds/round")
+            counts = proxy.counts()
+        finally:
+            proxy.close()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    row["s3_requests"] = counts["requests"]
+    row["s3_gets"] = counts["gets"]
+    row["s3_requests_per_s"] = round(counts["requests"] / row["round_s"])
+    return row
+
+
+def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256), s3_dp: int = 64) -> dict:
     t = time.perf_counter()
     full = _scale_state()
     out: dict = {"lanes": SCALE_LANES, "state_built_s": round(time.perf_counter() - t, 1)}
@@ -296,8 +331,11 @@ def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256)) -> dict:
             row = _simulated_round(full, D, where)
         row.update(_admission(full, D))
         out[f"D{D}"] = row
+    if s3_dp:
+        out[f"s3_D{s3_dp}"] = _s3_round(full, s3_dp)
     first, last = out[f"D{dps[0]}"], out[f"D{dps[-1]}"]
-    out[f"round_ratio_D{dps[-1]}_vs_D{dps[0]}"] = round(last["round_s"] / first["round_s"], 2)
+    for what in ("round_s", "cpu_s_critical_path"):
+        out[f"{what}_ratio_D{dps[-1]}_vs_D{dps[0]}"] = round(last[what] / first[what], 2)
     return out
 
 
