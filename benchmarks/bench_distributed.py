@@ -1,5 +1,9 @@
 """Multi-process benchmarks: aggregation rounds, worker state carrying, W=2 vs W=0.
 
+* an aggregation round at canonical_replicas=1024 with D = 8 / 64 / 256 ranks simulated
+  in threads over one directory: checkpoint() time per rank, report bytes per rank, the
+  leader's storage calls, restore admission per rank, round time vs D
+  (``bench_distributed.py scale`` runs only this);
 * aggregation round latency for 2 and 4 ranks over a directory and over a
   TCPStore (real processes, loopback);
 * the per-batch cost of carrying lane state from DataLoader workers (deltas
@@ -141,8 +145,203 @@ class _LoaderWorkers:
         self.pipe.close()
 
 
+# -- aggregation at scale (issue 21): C=1024 lanes, D ranks simulated in threads ---------------
+SCALE_LANES = 1024
+
+
+def _scale_pipeline():
+    """A light pipeline, so that stepping every one of 1024 lanes takes a minute, not ten."""
+    from common import mixture_source
+
+    from zephon_core import Pipeline
+    from zephon_core.testing import corpora
+
+    return (
+        Pipeline(
+            mixture_source(chunk_size=16),
+            canonical_replicas=SCALE_LANES,
+            flush_every_k_chunks=4,
+            seed=1234,
+            prefetch=0,
+        )
+        .fetch()
+        .map(corpora.byte_tokens, name="tokenize")
+        .shuffle(buffer_size=8)
+        .batch(batch_size=2)
+    )
+
+
+def _scale_state(steps: int = 130, dp: int = 8) -> dict:
+    """The merged state once every lane delivered (D=8 lockstep ranks, simulated; about two
+    minutes). ``ZEPHON_SCALE_STATE=<file>`` keeps it there, so two runs (before and after a
+    change) measure the same state."""
+    import os
+
+    from zephon_core.checkpoint import codec
+    from zephon_core.testing import SimulatedRanks
+
+    cached = os.environ.get("ZEPHON_SCALE_STATE")
+    if cached and os.path.exists(cached):
+        return codec.decode(codec.read_bytes(cached))
+    with SimulatedRanks(_scale_pipeline, dp) as ranks:
+        ranks.steps(steps)
+        state = ranks.checkpoint()
+    if cached:
+        codec.write_atomic(cached, codec.encode(state))
+    return state
+
+
+def _simulated_round(full: dict, D: int, where: str) -> dict:
+    """One aggregation round of D ranks (threads, one directory): each rank's checkpoint()
+    time and report bytes, the leader's storage calls, the round's wall time. All D ranks
+    share this machine's cores (and one GIL): the wall time is the sum of every rank's
+    work, an upper bound of what D machines would take."""
+    import threading
+
+    from zephon_core.checkpoint import codec
+    from zephon_core.checkpoint.state import PipelineState
+    from zephon_core.distributed.aggregate import Aggregator
+    from zephon_core.distributed.storage import DirStorage
+    from zephon_core.distributed.topology import Topology
+
+    st = PipelineState.from_dict(full)
+    local = []
+    for d in range(D):
+        lanes = {lane: ls for lane, ls in st.lanes.items() if (lane - st.position) % D == d}
+        local.append(PipelineState(st.fingerprint, st.config, st.position, lanes, st.content))
+    calls = [0] * D
+
+    class Counted:
+        def __init__(self, inner, d):
+            self.inner, self.url, self.d = inner, inner.url, d
+
+        def __getattr__(self, name):
+            f = getattr(self.inner, name)
+            if not callable(f) or name == "backoff":
+                return f
+
+            def call(*a, **k):
+                calls[self.d] += 1
+                return f(*a, **k)
+
+            return call
+
+    aggs = [
+        Aggregator(Topology(d, D, d, D), Counted(DirStorage(where), d), 600.0, SCALE_LANES)
+        for d in range(D)
+    ]
+    took, cpu = [0.0] * D, [0.0] * D
+
+    def run(d: int) -> None:
+        t, c = time.perf_counter(), time.thread_time()
+        aggs[d].round(local[d])
+        took[d], cpu[d] = time.perf_counter() - t, time.thread_time() - c
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in range(D)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    report = [len(codec.encode({"state": s.to_dict()})) for s in local]
+    return {
+        "round_s": round(wall, 3),
+        "checkpoint_s_per_rank_median": round(statistics.median(took), 3),
+        "cpu_s_leader": round(cpu[0], 3),
+        "cpu_s_per_follower_median": round(statistics.median(cpu[1:]), 4),
+        # with a machine per rank, the round's CPU is the leader's plus one follower's
+        "cpu_s_critical_path": round(cpu[0] + statistics.median(cpu[1:]), 3),
+        "leader_storage_calls": calls[0],
+        "follower_storage_calls_median": int(statistics.median(calls[1:])),
+        "report_bytes_per_rank": int(statistics.median(report)),
+        "merged_bytes": len(codec.encode(full)),
+    }
+
+
+def _admission(full: dict, D: int) -> dict:
+    """Restore admission per rank: what pipe.iterate(restore=state) checks before work."""
+    import copy
+
+    plan = _scale_pipeline().compile()
+    try:
+        from zephon_core.checkpoint.restore import admit_owned
+    except ImportError:  # a release before issue 21: every rank admits every lane
+        from zephon_core.checkpoint.restore import admit
+
+        def admit_owned(state, plan, dp_rank, dp_size):
+            return admit(state, plan)
+
+    wall, cpu = [], []
+    for d in (0, D // 2, D - 1):
+        state = copy.deepcopy(full)  # as read from a file: nothing parsed yet
+        t, c = time.perf_counter(), time.process_time()
+        admit_owned(state, plan, d, D)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {
+        "admission_ms_per_rank": round(1000 * statistics.median(wall), 1),
+        "admission_cpu_ms_per_rank": round(1000 * statistics.median(cpu), 1),
+    }
+
+
+def _s3_round(full: dict, D: int) -> dict:
+    """One simulated round over S3 (moto's server on 127.0.0.1 through s3fs), with the
+    requests a bucket would see counted by a proxy in front of it."""
+    import os
+
+    from zephon_core.testing.s3 import FaultProxy, s3_server
+
+    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    saved = {k: os.environ.get(k) for k in keys}
+    with s3_server("rounds") as (endpoint, _):
+        proxy = FaultProxy(endpoint)
+        os.environ.update(
+            AWS_ENDPOINT_URL=proxy.url,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        try:
+            _simulated_round(full, 2, "s3://rounds/warm-up")
+            proxy.reset_counts()
+            row = _simulated_round(full, D, "s3://rounds/round")
+            counts = proxy.counts()
+        finally:
+            proxy.close()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    row["s3_requests"] = counts["requests"]
+    row["s3_gets"] = counts["gets"]
+    row["s3_requests_per_s"] = round(counts["requests"] / row["round_s"])
+    return row
+
+
+def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256), s3_dp: int = 64) -> dict:
+    t = time.perf_counter()
+    full = _scale_state()
+    out: dict = {"lanes": SCALE_LANES, "state_built_s": round(time.perf_counter() - t, 1)}
+    with tempfile.TemporaryDirectory() as where:
+        _simulated_round(full, 4, where)  # warm-up: imports, first calls
+    for D in dps:
+        with tempfile.TemporaryDirectory() as where:
+            row = _simulated_round(full, D, where)
+        row.update(_admission(full, D))
+        out[f"D{D}"] = row
+    if s3_dp:
+        out[f"s3_D{s3_dp}"] = _s3_round(full, s3_dp)
+    first, last = out[f"D{dps[0]}"], out[f"D{dps[-1]}"]
+    for what in ("round_s", "cpu_s_critical_path"):
+        out[f"{what}_ratio_D{dps[-1]}_vs_D{dps[0]}"] = round(last[what] / first[what], 2)
+    return out
+
+
 def main() -> dict:
     return {
+        "aggregation_scale": bench_round_scale(),
         "aggregation": bench_aggregation(),
         "state_carrying": bench_state_carrying(),
         "workers": bench_workers(),
@@ -151,5 +350,7 @@ def main() -> dict:
 
 if __name__ == "__main__":
     import json
+    import sys
 
-    print(json.dumps(main(), indent=2))
+    only_scale = sys.argv[1:] == ["scale"]
+    print(json.dumps(bench_round_scale() if only_scale else main(), indent=2))

@@ -48,8 +48,12 @@ class WorkChunk:
                 raise ValueError("components and rows must be lists")
             if len(components) != len(rows) or not rows:
                 raise ValueError("components/rows length mismatch or empty chunk")
-            for x in (chunk_id, seed, *components, *rows):
-                int_arg("pointer", x, minimum=0, error=ValueError)
-            return cls(lane, chunk_id, tuple(components), tuple(rows), seed)
+            values = (chunk_id, seed, *components, *rows)
+            # one pass in C for the usual case (plain ints >= 0), the per-value check (which
+            # names the bad value) otherwise: admission reads thousands of pointers per lane
+            if not (all(type(x) is int for x in values) and min(values) >= 0):
+                for x in values:
+                    int_arg("pointer", x, minimum=0, error=ValueError)
+            return cls(lane, int(chunk_id), tuple(components), tuple(rows), int(seed))
         except (TypeError, ValueError) as e:
             raise CorruptCheckpoint(f"invalid work chunk in lane {lane}: {e}") from e

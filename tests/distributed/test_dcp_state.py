@@ -90,6 +90,7 @@ def test_per_rank_states_resume_on_every_dp_size(cut):
                 h.close()
 
 
+@pytest.mark.slow  # DataLoader workers
 def test_loader_state_dict_is_local_cheap_and_after_the_batches_handed_out():
     ref = reference()
     pipe = bound(3, 1)

@@ -41,12 +41,13 @@ from ..digests.fingerprint import config_diff
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
 from ..validate import is_int
 from .legacy_content import function_fix, is_legacy, still_differ
+from .owned_lanes import OwnedLanesState, lane_heads
 from .provenance import version_note
 from .remix import REMIX_CHANGES, classify_diff, mixture_only_diff, remix
 from .resize import accept_resized, resized, resized_refusal
 from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 
-__all__ = ["ALLOWED_CHANGES", "admit", "allowed_changes", "content_changes"]
+__all__ = ["ALLOWED_CHANGES", "admit", "admit_owned", "allowed_changes", "content_changes"]
 
 #: what ``allow_changes=`` may name
 ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
@@ -341,3 +342,38 @@ def _check_cursor(ls: LaneState, where: str) -> None:
             f"{where}: replay cursor {tuple(cur)} points past the "
             f"{len(chunk)} samples of chunk {cur.chunk_id}"
         )
+
+
+def admit_owned(
+    state: Any,
+    plan: Any,
+    dp_rank: int,
+    dp_size: int,
+    allow_changes: Iterable[str] = (),
+    origin: str | None = None,
+) -> PipelineState:
+    """:func:`admit` for data-parallel rank ``dp_rank`` of ``dp_size``: decodes and
+    validates only the lanes it owns at the state's position (``owned_lanes.py``); the
+    other lanes' progress is checked, their dicts kept as read.
+
+    Anything else than a plain, well-formed state of this configuration -- a parsed
+    state, one rank, another configuration (re-mix, resize or refusal), a malformed lane
+    list -- goes through :func:`admit` whole, so every refusal says what it said before.
+    """
+    heads = lane_heads(state.get("lanes")) if isinstance(state, dict) else None
+    position = state.get("position") if isinstance(state, dict) else None
+    if dp_size == 1 or heads is None or not is_int(position) or position < 0:
+        return admit(state, plan, allow_changes, origin)
+    allowed = allowed_changes(allow_changes)
+    mine = {lane for lane in heads if (lane - position) % dp_size == dp_rank}
+    raw = state["lanes"]
+    partial = PipelineState.from_dict({**state, "lanes": [d for d in raw if d["lane"] in mine]})
+    if partial.fingerprint != plan.fingerprint or resized(partial.config, plan.config):
+        return admit(state, plan, allow_changes, origin)
+    # the one admission of a rank's share (a per-rank DCP state takes it too: dcp.py)
+    admitted = admit(partial, plan, allowed, origin, lanes=mine)
+    check_progress(dataclasses.replace(partial, lanes=heads), plan.num_lanes)  # every lane
+    others = [d for d in raw if d["lane"] not in mine]
+    if allowed & {"data", "functions"}:  # values may differ by choice (as admit does)
+        others = [{**d, "digest": None} for d in others]
+    return OwnedLanesState.of(admitted, dp_rank, dp_size, others, allowed)

@@ -24,6 +24,13 @@ removes what earlier rounds left behind (a leader killed mid-round leaves its st
 merged marker; a killed writer its temporary file): nobody else is inside a round then.
 A leader that cannot even write the announcement leaves it empty, which followers
 already waiting take as its failure. Messages: ``round_messages.py``.
+
+At scale (issue 21): the leader's storage calls do not grow with the number of ranks --
+it waits for the reports and the acknowledgements with one listing per poll, reads what
+arrived together (concurrently on an object store) and deletes in batches; followers poll
+with a backoff that thins out as the round lasts (``storage.py``); a follower returns the
+merged state as decoded bytes without building lane objects (the leader validated every
+lane, and each rank's restore admits the lanes it owns: ``checkpoint/owned_lanes.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..checkpoint import codec
-from ..checkpoint.state import PipelineState
+from ..checkpoint.state import FORMAT, PipelineState
 from ..errors import CorruptCheckpoint, ZephonError
 from .merge import RankReport, check_report, merge_reports
 from .round_messages import (
@@ -49,12 +56,11 @@ from .round_messages import (
     missing_ranks,
     storage_failed,
 )
-from .storage import MAX_BACKOFF_S, StorageTimeout, open_storage
+from .storage import StorageTimeout, open_storage
 from .topology import Topology
 
 log = logging.getLogger(__name__)
 
-ROUND_SLICE_S = 1.0  # a follower re-reads the announcement at least this often
 NOTICE_GRACE_S = 1.0  # a failure notice may still go out this long after the deadline
 # every name the protocol writes (and the temporary names of directory writes)
 PROTOCOL_FILE = re.compile(
@@ -85,7 +91,11 @@ class Aggregator:
         return cls(topology, open_storage(directory, store), timeout_s, num_lanes)
 
     # -- the round -------------------------------------------------------------------
-    def round(self, local: PipelineState) -> PipelineState:
+    def round(self, local: PipelineState) -> dict[str, Any]:
+        """The merged state of every lane, as a plain dict (``PipelineState.to_dict()``).
+        A follower returns the merged state as the leader encoded it, without decoding its
+        lanes into objects: the leader validated them, and each rank's restore admits
+        (and decodes) the lanes it owns."""
         deadline = time.monotonic() + self.timeout_s
         report = codec.encode(
             {
@@ -99,7 +109,7 @@ class Aggregator:
             return self._lead(report, local, deadline)
         return self._follow(report, local.position, deadline)
 
-    def _lead(self, report: bytes, local: PipelineState, deadline: float) -> PipelineState:
+    def _lead(self, report: bytes, local: PipelineState, deadline: float) -> dict[str, Any]:
         s, world = self.storage, self.topology.world_size
         # the id starts with the global position so followers join only their own step
         rid = f"{local.position}-{uuid.uuid4().hex[:12]}"
@@ -117,29 +127,35 @@ class Aggregator:
                 s.put(f"{rid}.state.0", report, deadline)
             reports = {0: _decode_report(report)}
             check_report(reports[0], self.num_lanes)
-            for rank in range(1, world):
-                with self._io("read the reports", f"{rid}.state.{rank}"):
-                    data = s.wait(f"{rid}.state.{rank}", deadline)
-                if data is None:
-                    missing = [r for r in range(world) if r not in reports]
-                    topo, budget = self.topology, self.timeout_s
-                    why = missing_ranks(rid, missing, reports, self.num_lanes, topo, budget)
-                    raise AggregationError(why)
-                rep = _decode_report(data)
-                check_report(rep, self.num_lanes)
-                reports[rank] = rep
+            # one listing per poll, the reports that arrived read together; a bad report
+            # raises as soon as it is read
+            keys = {f"{rid}.state.{rank}": rank for rank in range(1, world)}
+            with self._io("read the reports", f"{rid}.state.*"):
+                for key, data in s.arrivals(list(keys), deadline):
+                    rep = _decode_report(data)
+                    check_report(rep, self.num_lanes)
+                    reports[keys[key]] = rep
+            if len(reports) < world:
+                missing = [r for r in range(world) if r not in reports]
+                topo, budget = self.topology, self.timeout_s
+                why = missing_ranks(rid, missing, reports, self.num_lanes, topo, budget)
+                raise AggregationError(why)
             with self._io("close the round", "announce"):
                 s.delete("announce", deadline)
             merged = merge_reports([reports[r] for r in sorted(reports)], self.num_lanes)
+            result = merged.to_dict()
             with self._io("publish the merged state", f"{rid}.merged"):
-                s.put(f"{rid}.merged", codec.encode(merged.to_dict()), deadline)
+                s.put(f"{rid}.merged", codec.encode(result), deadline)
         except BaseException as e:
             self._publish_failure(rid, e, deadline)
             raise
         self.markers.append((rid, None))
         self._best_effort(s.delete, f"{rid}.state.0", deadline)
+        acks = {f"{rid}.ack.{r}": r for r in range(1, world)}
         with self._io("read the acknowledgements", f"{rid}.ack.*"):
-            missing = [r for r in range(1, world) if s.wait(f"{rid}.ack.{r}", deadline) is None]
+            for key, _ in s.arrivals(list(acks), deadline):
+                del acks[key]
+        missing = sorted(acks.values())
         self._cleanup(rid, states=bool(missing), acks=True, deadline=deadline)
         if missing:
             raise AggregationError(
@@ -149,7 +165,7 @@ class Aggregator:
             )
         self._sweep(rid, deadline)
         self.markers = [(rid, None)]
-        return merged
+        return result
 
     def _publish_failure(self, rid: str, error: BaseException, deadline: float) -> None:
         """The failure notice goes out before anything else, and the announcement stays, so
@@ -177,7 +193,7 @@ class Aggregator:
         self.markers.append((rid, time.monotonic()))
         self._cleanup(rid, states=True, acks=False, deadline=until)
 
-    def _follow(self, report: bytes, position: int, deadline: float) -> PipelineState:
+    def _follow(self, report: bytes, position: int, deadline: float) -> dict[str, Any]:
         """Join the round the leader announced.
 
         The announcement is re-read while waiting, so a new round (a restarted leader)
@@ -193,7 +209,9 @@ class Aggregator:
         slow = False  # one of this rank's own storage calls ran into the deadline
         first: bytes | None = None  # the announcement as this rank found it
         reads = 0
-        delay = 0.005
+        # one backoff for the whole wait: polls thin out as the round lasts (on S3 a
+        # thousand followers would otherwise poll one prefix thousands of times a second)
+        backoff = s.backoff()
         try:
             while True:
                 ann = s.get("announce", deadline)
@@ -215,11 +233,12 @@ class Aggregator:
                 if now >= deadline:
                     break
                 if rid is None:
-                    time.sleep(min(delay, deadline - now))
-                    delay = min(delay * 2, MAX_BACKOFF_S)
+                    backoff.sleep(deadline)
                     continue
-                data = s.wait(f"{rid}.merged", min(deadline, now + ROUND_SLICE_S))
+                # one poll: the announcement (above) and the merged result, then a pause
+                data = s.get(f"{rid}.merged", deadline)
                 if data is None:
+                    backoff.sleep(deadline)
                     continue
                 if is_notice(data):
                     newer = s.get("announce", deadline)
@@ -231,7 +250,7 @@ class Aggregator:
                         continue  # a restarted leader opened a new round
                     self._best_effort(s.delete, f"{rid}.state.{rank}", deadline)
                     raise self._failed(rid, data)
-                merged = PipelineState.from_dict(codec.decode(data))
+                merged = _decode_merged(data)
                 self._best_effort(s.delete, f"{rid}.state.{rank}", deadline)
                 with self._io("acknowledge the merged state", f"{rid}.ack.{rank}"):
                     s.put(f"{rid}.ack.{rank}", b"1", deadline)
@@ -279,11 +298,10 @@ class Aggregator:
             log.debug("zephon: aggregation clean-up %s%s failed: %s", call.__name__, args, e)
 
     def _cleanup(self, rid: str, *, states: bool, acks: bool, deadline: float) -> None:
-        for r in range(self.topology.world_size):
-            if states:
-                self._best_effort(self.storage.delete, f"{rid}.state.{r}", deadline)
-            if acks and r:
-                self._best_effort(self.storage.delete, f"{rid}.ack.{r}", deadline)
+        world = range(self.topology.world_size)
+        names = [f"{rid}.state.{r}" for r in world] if states else []
+        names += [f"{rid}.ack.{r}" for r in world if r] if acks else []
+        self._best_effort(self.storage.delete_many, names, deadline)
 
     def _sweep(self, rid: str, deadline: float) -> None:
         """After a fully acknowledged round every rank is out of it, so every protocol
@@ -300,8 +318,7 @@ class Aggregator:
             stale = [f"{old}.merged" for old, _ in self.markers if old != rid]
         else:
             stale = [n for n in names if n != f"{rid}.merged" and PROTOCOL_FILE.fullmatch(n)]
-        for name in stale:
-            self._best_effort(s.delete, name, deadline)
+        self._best_effort(s.delete_many, stale, deadline)
 
     def close(self) -> None:
         """Shutdown: the leader removes the merged markers it left. A failure notice (and an
@@ -320,6 +337,15 @@ class Aggregator:
             else:
                 self._best_effort(self.storage.delete, f"{rid}.merged", now + self.timeout_s)
         self.markers = keep
+
+
+def _decode_merged(data: bytes) -> dict[str, Any]:
+    """The merged state as the leader encoded it (validated by the leader; each rank's
+    restore admits the lanes it owns)."""
+    merged = codec.decode(data)
+    if merged.get("format") != FORMAT:
+        raise CorruptCheckpoint("the merged state of the aggregation round is not a Zephon state")
+    return merged
 
 
 def _decode_report(data: bytes) -> RankReport:

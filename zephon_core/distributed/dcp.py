@@ -43,7 +43,8 @@ from typing import Any
 import msgpack
 
 from .._version import __version__
-from ..checkpoint.restore import admit
+from ..checkpoint.owned_lanes import OwnedLanesState
+from ..checkpoint.restore import admit, admit_owned, allowed_changes
 from ..checkpoint.state import FORMAT as STATE_FORMAT
 from ..checkpoint.state import VERSION as STATE_VERSION
 from ..checkpoint.state import PipelineState
@@ -234,9 +235,11 @@ def admit_any(
         CorruptCheckpoint / IncompatibleCheckpoint: as ``checkpoint/restore.py``'s ``admit``.
     """
     if isinstance(state, PipelineState) or not is_per_rank(state):
-        return admit(state, plan, allow_changes, origin)
+        return admit_owned(state, plan, topology.dp_rank, topology.dp_size, allow_changes, origin)
     parsed, owned = _parse(state, plan, topology)
-    return admit(parsed, plan, allow_changes, origin, lanes=owned)
+    admitted = admit(parsed, plan, allow_changes, origin, lanes=owned)
+    allowed = allowed_changes(allow_changes)
+    return OwnedLanesState.of(admitted, topology.dp_rank, topology.dp_size, [], allowed)
 
 
 # -- before and around dcp.load -----------------------------------------------------------

@@ -6,21 +6,57 @@ it (the temporary file is removed if the write fails, e.g. on a full disk); an o
 store (an async fsspec file system: S3, GCS, Azure) puts the object in one request,
 which is atomic already. Object-store calls are cut at the deadline, retries included
 (s3fs and botocore retry throttling on their own, for longer than a round may last); a
-call cut short raises :class:`StorageTimeout`. Waits poll with exponential backoff
-capped at 5 s. The torch Store (torchrun's TCPStore) uses its own blocking waits.
+call cut short raises :class:`StorageTimeout`. Waits poll with exponential backoff and
+jitter (:class:`Backoff`: on a file system or a torch Store from 5 ms up to 1 s, on an
+object store from 50 ms up to 5 s; never past the deadline), so a thousand waiting ranks
+do not flood one prefix with GETs.
+Waiting for many keys (the leader: every rank's report, every acknowledgement) lists the
+directory once per poll and reads what arrived concurrently (:meth:`DirStorage.arrivals`),
+instead of polling key by key; deleting many keys is one batched call on an object store
+(S3's DeleteObjects). The torch Store (torchrun's TCPStore) uses its own blocking waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import random
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
 
 MAX_BACKOFF_S = 5.0
+SLICE_S = 1.0  # on a file system or a torch Store, polls never pause longer than this
 MIN_CALL_S = 0.05  # a call started at (or past) its deadline still gets this long
+FIRST_BACKOFF_S = 0.005  # a file system: a poll costs a stat
+FIRST_OBJECT_BACKOFF_S = 0.05  # an object store: a poll is a billed, rate-limited request
+READ_BATCH = 64  # concurrent reads of one batch on an object store
+
+
+class Backoff:
+    """Exponential backoff with equal jitter: each pause is between half and all of the
+    current delay, which doubles up to ``cap``; never past the deadline. Jitter spreads
+    the polls of ranks that started together; keeping half the delay bounds the number of
+    polls (logarithmic in the wait, then one per ``cap``)."""
+
+    def __init__(self, first: float, cap: float = MAX_BACKOFF_S):
+        self.delay = first
+        self.cap = cap
+        self.pauses = 0
+        self._rng = random.Random()
+
+    def sleep(self, deadline: float) -> bool:
+        """Pause; False (at once) when the deadline has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(self._rng.uniform(self.delay / 2, self.delay), left))
+        self.delay = min(self.delay * 2, self.cap)
+        self.pauses += 1
+        return True
 
 
 class StorageTimeout(TimeoutError):
@@ -45,13 +81,25 @@ class DirStorage:
         from fsspec.asyn import sync
 
         left = None if deadline is None else max(MIN_CALL_S, deadline - time.monotonic())
+        call = self._cat_file_all if name == "cat_file_all" else getattr(self.fs, f"_{name}")
         try:
-            return sync(self.fs.loop, getattr(self.fs, f"_{name}"), *args, timeout=left)
+            return sync(self.fs.loop, call, *args, timeout=left)
         except TimeoutError as e:  # fsspec's FSTimeoutError is one
             raise StorageTimeout(
                 f"{name} {args[0]!r} did not finish within the round's time budget "
                 f"({left:.1f} s left); the storage is slow or throttling"
             ) from e
+
+    async def _cat_file_all(self, paths: list[str]) -> dict[str, Any]:
+        """Every path's bytes, or the exception reading it raised; READ_BATCH at a time."""
+        out: dict[str, Any] = {}
+        for i in range(0, len(paths), READ_BATCH):
+            batch = paths[i : i + READ_BATCH]
+            got = await asyncio.gather(
+                *(self.fs._cat_file(p) for p in batch), return_exceptions=True
+            )
+            out.update(zip(batch, got))
+        return out
 
     def put(self, key: str, value: bytes, deadline: float | None = None) -> None:
         if self.objects:
@@ -96,21 +144,70 @@ class DirStorage:
             paths = self.fs.ls(self.root, detail=False)
         return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths]
 
-    def wait(self, key: str, deadline: float) -> bytes | None:
-        """The value of ``key`` once it exists, or None at ``deadline``."""
-        delay = 0.005
+    def backoff(self) -> Backoff:
+        if self.objects:
+            return Backoff(FIRST_OBJECT_BACKOFF_S)
+        return Backoff(FIRST_BACKOFF_S, SLICE_S)
+
+    def wait(self, key: str, deadline: float, backoff: Backoff | None = None) -> bytes | None:
+        """The value of ``key`` once it exists, or None at ``deadline``; ``backoff`` carries
+        the delay on from earlier waits of the same caller."""
+        backoff = backoff or self.backoff()
         while True:
             try:
                 value = self.get(key, deadline)
             except StorageTimeout:
                 return None
-            if value is not None:
+            if value is not None or not backoff.sleep(deadline):
                 return value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, MAX_BACKOFF_S)
+
+    def arrivals(self, keys: list[str], deadline: float) -> Iterator[tuple[str, bytes]]:
+        """``(key, value)`` for each of ``keys`` as it appears, until all did or the
+        deadline passed: one listing per poll, then the new keys read together."""
+        pending, backoff = set(keys), self.backoff()
+        while pending:
+            try:
+                ready = sorted(pending.intersection(self.keys(deadline)))
+                values = self._read_all(ready, deadline)
+            except StorageTimeout:
+                return
+            for key in ready:
+                value = values.get(key)
+                if value is not None:
+                    pending.discard(key)
+                    yield key, value
+            if pending and not backoff.sleep(deadline):
+                return
+
+    def _read_all(self, keys: list[str], deadline: float) -> dict[str, bytes]:
+        """The values of ``keys`` (a key deleted meanwhile is left out); concurrent
+        requests on an object store."""
+        if not self.objects:
+            got = {k: self.get(k, deadline) for k in keys}
+            return {k: v for k, v in got.items() if v is not None}
+        if not keys:
+            return {}
+        out = self._call(deadline, "cat_file_all", [self._path(k) for k in keys])
+        by_path = dict(zip((self._path(k) for k in keys), keys))
+        errors = [v for v in out.values() if isinstance(v, BaseException)]
+        for e in errors:
+            if not isinstance(e, FileNotFoundError):
+                raise e
+        return {by_path[p]: v for p, v in out.items() if not isinstance(v, BaseException)}
+
+    def delete_many(self, keys: list[str], deadline: float | None = None) -> None:
+        """Delete ``keys`` (missing ones are fine): one batched request per 1000 keys on
+        S3, one call per file on a file system."""
+        if not keys:
+            return
+        if not self.objects:
+            for key in keys:
+                self.delete(key, deadline)
+            return
+        try:
+            self._call(deadline, "rm", [self._path(k) for k in keys])
+        except FileNotFoundError:
+            pass
 
 
 class StoreStorage:
@@ -138,7 +235,23 @@ class StoreStorage:
     def keys(self, deadline: float | None = None) -> None:
         return None
 
-    def wait(self, key: str, deadline: float) -> bytes | None:
+    def backoff(self) -> Backoff:
+        return Backoff(FIRST_BACKOFF_S, SLICE_S)
+
+    def delete_many(self, keys: list[str], deadline: float | None = None) -> None:
+        for key in keys:
+            self.delete(key, deadline)
+
+    def arrivals(self, keys: list[str], deadline: float) -> Iterator[tuple[str, bytes]]:
+        """``(key, value)`` for each of ``keys`` as it appears (in order: the store's own
+        blocking wait, no polling), until all did or the deadline passed."""
+        for key in keys:
+            value = self.wait(key, deadline)
+            if value is None:
+                return
+            yield key, value
+
+    def wait(self, key: str, deadline: float, backoff: Backoff | None = None) -> bytes | None:
         left = deadline - time.monotonic()
         if left <= 0:
             return self.get(key)

@@ -122,13 +122,14 @@ class CurrentRun:
                 "with checkpointing=True to take checkpoints"
             )
         start = self.pending or initial_state(compiled, list(range(compiled.num_lanes)))
-        if len(start.lanes) != compiled.num_lanes:
+        out = start.to_dict()  # a rank's admitted share keeps the other lanes as read
+        if len(out["lanes"]) != compiled.num_lanes:
             raise ConfigError(
                 "the state loaded into this pipeline is one rank's share (a per-rank "
                 "state_dict()), not every lane; checkpoint() of a running handle merges "
                 "the ranks: start the iterator or loader first"
             )
-        return start.to_dict()
+        return out
 
     def local_checkpoint(
         self, served: int | None, plan: Callable[[], Plan], topology: Topology

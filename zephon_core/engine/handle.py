@@ -87,7 +87,7 @@ class StreamHandle:
             )
         if self._aggregator is None:
             self._aggregator = spec.aggregator(topo)
-        return self._aggregator.round(local).to_dict()
+        return self._aggregator.round(local)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's lanes, shaped for ``torch.distributed.checkpoint`` (DCP):

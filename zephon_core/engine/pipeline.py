@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import codec
+from ..checkpoint.owned_lanes import OwnedLanesState
 from ..checkpoint.state import PipelineState
 from ..distributed import dcp
 from ..distributed.topology import Topology, detect, validate
@@ -359,11 +360,17 @@ class Pipeline:
     ) -> PipelineState:
         if not self.checkpointing:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
+        # one rank of several decodes and validates only its own lanes (owned_lanes.py)
         return dcp.admit_any(state, self.compile(), self.topology(), allow_changes, origin)
 
     def _spec(self, start: PipelineState | None) -> RunSpec:
         topo = self.topology()
         plan = self.compile()
+        if isinstance(start, OwnedLanesState) and not start.owns(topo.dp_rank, topo.dp_size):
+            # admitted for another place (bound, or torch.distributed started, since):
+            # this place's lanes are among the others, so admit them (a per-rank share
+            # lacking them raises MissingLanes)
+            start = dcp.admit_any(start.to_dict(), plan, topo, start.allowed, start.origin)
         return RunSpec(
             plan=plan,
             topology=Topology(topo.rank, topo.world_size, topo.dp_rank, topo.dp_size),

@@ -359,6 +359,8 @@ class StaticMixtureWorkSource(Source):
                 f"lane {chunk.lane} chunk {chunk.chunk_id}: {len(chunk)} "
                 f"pointers, more than chunk_size={self.chunk_size}"
             )
+        if max(chunk.components) < n_ds and max(chunk.rows) < min(self.lengths):
+            return  # every pointer inside the shortest dataset: nothing to look up per row
         for d, r in zip(chunk.components, chunk.rows, strict=True):
             if d >= n_ds or r >= self.lengths[d]:
                 what = (
