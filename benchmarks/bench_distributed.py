@@ -2,8 +2,10 @@
 
 * an aggregation round at canonical_replicas=1024 with D = 8 / 64 / 256 ranks simulated
   in threads over one directory: checkpoint() time per rank, report bytes per rank, the
-  leader's storage calls, restore admission per rank, round time vs D
+  leader's storage calls, restore admission per rank, round time vs D, and the DCP path
+  per rank beside it (state_dict() encoding, bytes, admission of a per-rank state)
   (``bench_distributed.py scale`` runs only this);
+* DCP save/load vs the merged round in real processes, C=1024, D=2 (``bench_dcp.py``);
 * aggregation round latency for 2 and 4 ranks over a directory and over a
   TCPStore (real processes, loopback);
 * the per-batch cost of carrying lane state from DataLoader workers (deltas
@@ -23,6 +25,7 @@ import time
 
 import torch.multiprocessing as mp
 from common import reference_pipeline, throughput
+import bench_dcp
 
 
 def _free_port() -> int:
@@ -320,6 +323,36 @@ def _s3_round(full: dict, D: int) -> dict:
     return row
 
 
+def _per_rank(full: dict, D: int) -> dict:
+    """The DCP path per rank (``distributed/dcp.py``): encoding this rank's lanes as a
+    handle's ``state_dict()`` does (no round), the bytes it hands to ``dcp.save``, and
+    admitting a per-rank state holding only its slots (what ``dcp.load`` fills in)."""
+    import copy
+
+    from zephon_core.checkpoint.state import PipelineState
+    from zephon_core.distributed import dcp
+    from zephon_core.distributed.topology import Topology
+
+    plan = _scale_pipeline().compile()
+    position = full["position"]
+    enc, adm, size = [], [], []
+    for d in (0, D // 2, D - 1):
+        mine = [x for x in full["lanes"] if (x["lane"] - position) % D == d]
+        local = PipelineState.from_dict({**copy.deepcopy(full), "lanes": mine})
+        t = time.perf_counter()
+        shard = dcp.encode(local, plan.num_lanes)
+        enc.append(time.perf_counter() - t)
+        size.append(len(shard["meta"]) + sum(len(v) for v in shard["slots"].values()))
+        t = time.perf_counter()
+        dcp.admit_any(shard, plan, Topology(d, D, d, D))
+        adm.append(time.perf_counter() - t)
+    return {
+        "dcp_state_dict_ms_per_rank": round(1000 * statistics.median(enc), 2),
+        "dcp_bytes_per_rank": int(statistics.median(size)),
+        "dcp_admission_ms_per_rank": round(1000 * statistics.median(adm), 1),
+    }
+
+
 def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256), s3_dp: int = 64) -> dict:
     t = time.perf_counter()
     full = _scale_state()
@@ -330,6 +363,7 @@ def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256), s3_dp: int = 64) -> d
         with tempfile.TemporaryDirectory() as where:
             row = _simulated_round(full, D, where)
         row.update(_admission(full, D))
+        row.update(_per_rank(full, D))
         out[f"D{D}"] = row
     if s3_dp:
         out[f"s3_D{s3_dp}"] = _s3_round(full, s3_dp)
@@ -342,6 +376,7 @@ def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256), s3_dp: int = 64) -> d
 def main() -> dict:
     return {
         "aggregation_scale": bench_round_scale(),
+        "dcp_vs_round_processes": bench_dcp.run(1024, 2),
         "aggregation": bench_aggregation(),
         "state_carrying": bench_state_carrying(),
         "workers": bench_workers(),
