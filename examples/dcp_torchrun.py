@@ -92,6 +92,15 @@ def main() -> None:
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
+    try:
+        train(args)
+    finally:
+        # after train() returned: DDP's reducer, which holds the process group, is gone
+        # first (freeing it after destroy_process_group() can deadlock gloo at exit)
+        dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(256, 16), torch.nn.Linear(16, 256))
@@ -135,7 +144,6 @@ def main() -> None:
             state = {"model": model_sd, "optim": optim_sd, "data": loader, "progress": progress}
             dcp.save(state, checkpoint_id=str(root / f"step-{step}"))
     loader.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
