@@ -89,13 +89,14 @@ class StreamHandle:
             self._aggregator = spec.aggregator(topo)
         return self._aggregator.round(local)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, served: int | None = None) -> dict[str, Any]:
         """This rank's lanes, shaped for ``torch.distributed.checkpoint`` (DCP):
         ``{"meta": bytes, "slots": {"00007": bytes, ...}}`` with one key per lane
         (``distributed/dcp.py``). Local and cheap: no aggregation round, no collective, no
         worker start; a new dict of immutable values on every call (``dcp.async_save`` keeps
         the state at the call). A loader's is the state after the batches it handed out.
         On a fresh handle it names exactly the slots this rank owns: DCP's load template.
+        ``served``: as in :meth:`checkpoint` (a trainer that reads ahead).
 
         For one file holding every lane (``restore=``, ``save(path)``), use
         :meth:`checkpoint`.
@@ -106,7 +107,7 @@ class StreamHandle:
                 "this pipeline was built with checkpointing=False; build it "
                 "with checkpointing=True to take checkpoints"
             )
-        return dcp.encode(self._local_state(None), plan.num_lanes)
+        return dcp.encode(self._local_state(served), plan.num_lanes)
 
     def load_state_dict(
         self,
