@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shutil
 
 import pytest
 import torch
 from lightning_helpers import LANES, fit, global_stream, read_rank_records, step_checkpoint
 
-from zephon_core import ConfigError
+from zephon_core import ConfigError, MissingLanes
 from zephon_core.distributed import rank_files
 from zephon_integrations.lightning import ZephonDataModule
 
@@ -95,6 +96,17 @@ def test_resume_on_one_process_continues_the_global_stream(per_rank_run, tmp_pat
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "RNG states of 2 ranks and this run has 1" in warning
     assert "the data stream continues exactly" in warning
+
+
+def test_a_missing_rank_file_is_refused_with_the_fix(per_rank_run, tmp_path):
+    _, ckpt_dir, _ = per_rank_run
+    path = step_checkpoint(ckpt_dir, K)
+    copied = tmp_path / os.path.basename(path)
+    shutil.copy(path, copied)
+    shutil.copytree(path + ".zephon", str(copied) + ".zephon")
+    os.remove(os.path.join(str(copied) + ".zephon", rank_files.file_name(1, 1)))
+    with pytest.raises(MissingLanes, match="rank.s. .1. of the 2.*filesystem every node sees"):
+        fit(max_steps=STEPS, ckpt_dir=str(tmp_path / "one"), ckpt_path=str(copied), **CFG)
 
 
 def test_state_layout_is_checked_at_construction():
