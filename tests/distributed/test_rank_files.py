@@ -12,6 +12,7 @@ import shutil
 import pytest
 from helpers import reference_pipeline
 
+from zephon_core.checkpoint.state import PipelineState
 from zephon_core.distributed import rank_files
 from zephon_core.distributed.topology import Topology
 from zephon_core.errors import (
@@ -36,7 +37,7 @@ def topo(r: int, d: int) -> Topology:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """2 ranks after DONE global outputs, each rank's file written: (dir, manifest, the
-    ranks' per-rank states, the MORE outputs that follow)."""
+    ranks' per-rank states, the MORE outputs that follow, the merged state)."""
     directory = str(tmp_path_factory.mktemp("ranks") / "step.ckpt.zephon")
     with SimulatedRanks(build, dp_size=D) as ranks:
         ranks.take(DONE)
@@ -48,8 +49,9 @@ def saved(tmp_path_factory):
         manifest = rank_files.manifest(
             save_id="s1", state=states[0], topology=topo(0, D), files="step.ckpt.zephon"
         )
+        merged = ranks.checkpoint()
         after = ranks.take(MORE)
-    return directory, manifest, states, after
+    return directory, manifest, states, after, merged
 
 
 def copy(saved, tmp_path) -> str:
@@ -59,21 +61,21 @@ def copy(saved, tmp_path) -> str:
 
 
 def test_the_manifest_is_small_and_holds_no_lanes(saved):
-    _, manifest, _, _ = saved
+    _, manifest, _, _, _ = saved
     assert manifest["canonical_replicas"] == C and manifest["position"] == DONE
     assert (manifest["dp_size"], manifest["world_size"]) == (D, D)
     assert "slots" not in manifest and "lanes" not in manifest
 
 
 def test_same_ranks_read_their_own_file_and_extras(saved):
-    directory, manifest, states, _ = saved
+    directory, manifest, states, _, _ = saved
     for r in range(D):
         share = rank_files.read_share(manifest, directory, topo(r, D))
         assert share.state == states[r] and share.extra == {"r": r} and share.same_ranks
 
 
 def test_one_rank_reads_every_file_and_continues_the_global_stream(saved):
-    directory, manifest, _, after = saved
+    directory, manifest, _, after, _ = saved
     share = rank_files.read_share(manifest, directory, topo(0, 1))
     assert sorted(share.state["slots"]) == [f"{s:05d}" for s in range(C)]
     assert share.extra is None  # another number of ranks: no per-rank extras (RNG)
@@ -83,7 +85,7 @@ def test_one_rank_reads_every_file_and_continues_the_global_stream(saved):
 
 
 def test_four_ranks_read_only_the_slots_they_own(saved):
-    directory, manifest, _, after = saved
+    directory, manifest, _, after, _ = saved
     shares = [rank_files.read_share(manifest, directory, topo(r, 4)) for r in range(4)]
     for r, share in enumerate(shares):
         assert sorted(share.state["slots"]) == [f"{s:05d}" for s in range(r, C, 4)]
@@ -129,12 +131,18 @@ def test_a_corrupted_file_is_corrupt_checkpoint(saved, tmp_path):
 
 
 def test_files_are_found_next_to_a_moved_checkpoint_else_where_they_were(saved, tmp_path):
-    directory, manifest, _, _ = saved
+    directory, manifest, _, _, _ = saved
     moved = copy(saved, tmp_path)
     assert rank_files.locate(manifest, str(tmp_path)) == moved
     assert rank_files.locate(dict(manifest, files_abs=directory), "/nowhere") == directory
     with pytest.raises(MissingLanes, match="filesystem every node sees"):
         rank_files.locate(manifest, "/nowhere")
+
+
+def test_the_files_merge_into_the_portable_state(saved):
+    directory, manifest, _, _, merged = saved
+    got = rank_files.merged_state(manifest, os.path.dirname(directory))
+    assert PipelineState.from_dict(got).to_dict() == PipelineState.from_dict(merged).to_dict()
 
 
 def test_a_layout_name_is_checked():
@@ -147,3 +155,16 @@ def test_without_torch_distributed_agree_raises_this_ranks_error():
     rank_files.agree(None)
     with pytest.raises(MissingLanes):
         rank_files.agree(MissingLanes("x"))
+
+
+def test_files_of_deleted_checkpoints_are_pruned_and_nothing_else(saved, tmp_path):
+    for name in ("kept.ckpt", "deleted.ckpt", "current.ckpt"):
+        shutil.copytree(saved[0], tmp_path / f"{name}.zephon")
+    (tmp_path / "kept.ckpt").write_bytes(b"")
+    (tmp_path / "user.zephon").mkdir()  # not a checkpoint's files: left alone
+    (tmp_path / "user.zephon" / "notes.txt").write_text("mine")
+    gone = rank_files.prune_orphans(str(tmp_path), str(tmp_path / "current.ckpt.zephon"))
+    assert gone == [str(tmp_path / "deleted.ckpt.zephon")]
+    assert sorted(os.listdir(tmp_path)) == [
+        "current.ckpt.zephon", "kept.ckpt", "kept.ckpt.zephon", "user.zephon"
+    ]  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 from lightning_helpers import LANES, fit, global_stream, read_rank_records, step_checkpoint
 
 from zephon_core import ConfigError, MissingLanes
+from zephon_core.cli.checkpoints import read_state
 from zephon_core.distributed import rank_files
 from zephon_integrations.lightning import ZephonDataModule
 
@@ -68,6 +69,10 @@ def test_rank0_checkpoint_holds_a_manifest_and_every_rank_its_own_file(per_rank_
     assert len(pickle.dumps(entry)) < 1000  # whatever C and the number of ranks
     files = sorted(os.listdir(path + ".zephon"))
     assert files == [rank_files.file_name(0, 0), rank_files.file_name(1, 1)]
+    # `zephon inspect` reads the rank files and shows the merged state
+    state, _, kind = read_state(path)
+    assert kind == "Lightning checkpoint (per rank)"
+    assert state["position"] == 2 * K * ACC and len(state["lanes"]) == LANES
 
 
 def test_resume_on_two_ranks_repeats_batches_and_dropout(per_rank_run):

@@ -36,7 +36,7 @@ from .._version import __version__
 from ..checkpoint import codec
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, MissingLanes
 from ..validate import is_int
-from .dcp import decode_meta, owned_slots, slot_key
+from .dcp import decode_meta, merged_of, owned_slots, slot_key
 from .topology import Topology
 
 __all__ = [
@@ -46,6 +46,8 @@ __all__ = [
     "check_layout",
     "file_name",
     "is_manifest",
+    "merged_state",
+    "prune_orphans",
     "manifest",
     "read_share",
     "write_rank_file",
@@ -78,6 +80,31 @@ def check_layout(value: Any, who: str) -> str:
 def file_name(rank: int, dp_rank: int) -> str:
     """The file of global rank ``rank`` (data-parallel rank ``dp_rank``)."""
     return f"zephon_rank{rank:05d}_dp{dp_rank:05d}.msgpack.zst"
+
+
+def prune_orphans(parent: str, keep: str, suffix: str = ".zephon") -> list[str]:
+    """Remove ``<checkpoint><suffix>/`` directories of ``parent`` whose checkpoint is gone
+    (a trainer deleted it: ``ModelCheckpoint(save_top_k=...)``), holding nothing but rank
+    files, except ``keep`` (the save being written). Local paths only; returns what went."""
+    import shutil
+
+    if "://" in parent or not os.path.isdir(parent):
+        return []
+    gone = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if (
+            not name.endswith(suffix)
+            or os.path.abspath(path) == os.path.abspath(keep)
+            or os.path.lexists(path[: -len(suffix)])
+            or not os.path.isdir(path)
+        ):
+            continue
+        inside = os.listdir(path)
+        if all(_NAME.match(f) or (f.startswith(".") and f.endswith(".tmp")) for f in inside):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
 
 
 def write_rank_file(
@@ -245,6 +272,13 @@ def read_share(m: Mapping[str, Any], directory: str, topology: Topology) -> Shar
     if meta is None:  # no slot wanted (not possible with dp_size <= C); keep the shape
         meta = _read(_join(directory, min(by_dp[0])[1]), m, 0)["state"]["meta"]
     return Share({"meta": meta, "slots": slots}, None, m)
+
+
+def merged_state(m: Mapping[str, Any], checkpoint_dir: str | None) -> dict[str, Any]:
+    """The merged state of a per-rank checkpoint (every rank's file read): what
+    ``zephon inspect`` shows, and a portable state (``codec.encode`` it to keep one file)."""
+    share = read_share(m, locate(m, checkpoint_dir), Topology())
+    return merged_of(share.state)
 
 
 def _read(path: str, m: Mapping[str, Any], dp_rank: int) -> dict[str, Any]:

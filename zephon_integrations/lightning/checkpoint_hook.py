@@ -18,7 +18,8 @@ the data would restart from its first batch with no warning. So
   every rank writes its own lanes and RNG into ``<ckpt>.zephon/`` (the path
   ``Trainer.save_checkpoint`` was given, read from its frame: Lightning tells callbacks
   no path, and every rank calls it with the same one), and ``"zephon"`` holds a
-  manifest (``{"per_rank": ...}``, ``distributed/rank_files.py``);
+  manifest (``{"per_rank": ...}``, ``distributed/rank_files.py``); rank 0 removes the
+  files of checkpoints deleted since (``save_top_k``);
 * on load, finds the state under ``"zephon"`` (or this rank's share through the
   manifest: its own file, or on another number of ranks the files holding its lanes)
   -- or, for checkpoints of earlier releases, under any top-level entry holding
@@ -202,6 +203,8 @@ class ZephonCheckpointHook(pl.Callback):
         if target is not None:
             directory = f"{target}.zephon"
             files = os.path.basename(directory)
+            if trainer.is_global_zero:  # files of checkpoints ModelCheckpoint deleted since
+                rank_files.prune_orphans(os.path.dirname(os.path.abspath(target)), directory)
         else:  # not saved through Trainer.save_checkpoint: beside the checkpoints
             cb = trainer.checkpoint_callback
             base = getattr(cb, "dirpath", None) or trainer.default_root_dir
