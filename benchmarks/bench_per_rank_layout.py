@@ -17,9 +17,11 @@ Run: ``python benchmarks/bench_per_rank_layout.py``; prints JSON.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
+import pickle
 import statistics
 import sys
 import tempfile
@@ -53,20 +55,26 @@ def measure(full: dict, D: int, pipeline) -> dict:
     from zephon_integrations import rng
 
     snap = rng.snapshot()
-    lightning_rng = [rng.to_checkpoint(snap)] * D
+    # distinct objects, as all_gather_object returns them (pickle would share one)
+    lightning_rng = [copy.deepcopy(rng.to_checkpoint(snap)) for _ in range(D)]
     buf = io.BytesIO()
     torch.save(lightning_rng, buf)
     shares = _split(full, D)
     extra = {"rng": rng.to_msgpack(snap)}
     with tempfile.TemporaryDirectory() as tmp:
         directory = os.path.join(tmp, "step.ckpt.zephon")
-        took, sizes = [], []
+        took, sizes, bare = [], [], []
         for d, share in enumerate(shares):
             t = time.perf_counter()
             path = rank_files.write_rank_file(directory, save_id="s", topology=Topology(d, D, d, D),
                                               state=share, extra=extra)  # fmt: skip
             took.append(time.perf_counter() - t)
             sizes.append(os.path.getsize(path))
+            if d < 8:  # HF's files hold no RNG (the Trainer's rng_state_<r>.pth does)
+                other = os.path.join(tmp, "hf")
+                p = rank_files.write_rank_file(other, save_id="s", topology=Topology(d, D, d, D),
+                                               state=share)  # fmt: skip
+                bare.append(os.path.getsize(p))
         m = rank_files.manifest(save_id="s", state=shares[0], topology=Topology(0, D, 0, D),
                                 files="step.ckpt.zephon", files_abs=directory)  # fmt: skip
         buf_m = io.BytesIO()
@@ -83,9 +91,13 @@ def measure(full: dict, D: int, pipeline) -> dict:
         "D": D,
         "merged_state_bytes": len(codec.encode(full)),
         "merged_lightning_rng_list_bytes": len(buf.getvalue()),
-        "per_rank_manifest_bytes_lightning_pickled": len(buf_m.getvalue()),
+        "merged_lightning_rng_list_pickled": len(pickle.dumps(lightning_rng)),
+        "per_rank_manifest_bytes_lightning_pickled": len(pickle.dumps({"per_rank": m})),
+        "per_rank_manifest_bytes_lightning_torch_save_alone": len(buf_m.getvalue()),
         "per_rank_manifest_bytes_hf_file": len(codec.encode(m)),
         "per_rank_file_bytes_median": int(statistics.median(sizes)),
+        "per_rank_file_bytes_without_rng_median": int(statistics.median(bare)),
+        "per_rank_meta_bytes": len(shares[0]["meta"]),
         "per_rank_file_write_s_median": round(statistics.median(took), 4),
         **resume,
     }

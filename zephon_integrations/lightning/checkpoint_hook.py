@@ -203,7 +203,9 @@ class ZephonCheckpointHook(pl.Callback):
         if target is not None:
             directory = f"{target}.zephon"
             files = os.path.basename(directory)
-            if trainer.is_global_zero:  # files of checkpoints ModelCheckpoint deleted since
+            if trainer.is_global_zero and not _writes_later(trainer):
+                # files of checkpoints ModelCheckpoint deleted since (with an asynchronous
+                # CheckpointIO a checkpoint may still be on its way: nothing is pruned)
                 rank_files.prune_orphans(os.path.dirname(os.path.abspath(target)), directory)
         else:  # not saved through Trainer.save_checkpoint: beside the checkpoints
             cb = trainer.checkpoint_callback
@@ -254,6 +256,12 @@ class ZephonCheckpointHook(pl.Callback):
                 trainer.global_step,
                 len(norms),
             )
+
+
+def _writes_later(trainer: pl.Trainer) -> bool:
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    return isinstance(getattr(trainer.strategy, "checkpoint_io", None), AsyncCheckpointIO)
 
 
 def _saving_to() -> str | None:
