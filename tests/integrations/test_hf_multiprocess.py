@@ -329,3 +329,5 @@ def test_per_rank_layout_resumes_on_two_ranks_and_on_one(tmp_path, caplog, name)
     assert model.seen == reference(consumed + remaining)[consumed:]
     [warning] = zephon_warnings(caplog)
     assert "no rng_state.pth for process 0" in warning and "the data continues exactly" in warning
+    # one process: "per_rank" writes the merged state (one portable file)
+    assert "lanes" in Pipeline.load(tmp_path / "single" / f"checkpoint-{STEPS}" / STATE_FILE)

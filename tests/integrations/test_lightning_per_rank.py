@@ -101,6 +101,9 @@ def test_resume_on_one_process_continues_the_global_stream(per_rank_run, tmp_pat
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "RNG states of 2 ranks and this run has 1" in warning
     assert "the data stream continues exactly" in warning
+    # one process: "per_rank" writes the merged state (one portable file)
+    ckpt = torch.load(step_checkpoint(str(tmp_path / "one"), 2 * K), weights_only=False)
+    assert set(ckpt["zephon"]) == {"state", "rng"}
 
 
 def test_a_missing_rank_file_is_refused_with_the_fix(per_rank_run, tmp_path):
