@@ -279,8 +279,23 @@ PER_RANK_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def per_rank_full(tmp_path_factory):
+    """``per_rank_full(name)``: (dir, records) of one uninterrupted 2-rank run of a case,
+    launched once per module."""
+    runs: dict[str, tuple[Path, list[dict]]] = {}
+
+    def run(name: str) -> tuple[Path, list[dict]]:
+        if name not in runs:
+            tmp = tmp_path_factory.mktemp(f"per_rank_{name}")
+            runs[name] = (tmp, launch(tmp, "full", "a", **PER_RANK_CASES[name]))
+        return runs[name]
+
+    return run
+
+
 @pytest.mark.parametrize("name", list(PER_RANK_CASES))
-def test_per_rank_layout_resumes_on_two_ranks_and_on_one(tmp_path, caplog, name):
+def test_per_rank_layout_resumes_on_two_ranks_and_on_one(tmp_path, caplog, per_rank_full, name):
     """No round, no gather: ``checkpoint-N/`` holds each rank's own file next to its
     ``rng_state_<r>.pth`` and a small manifest; a 2-rank resume repeats every rank's
     batches and losses, a 1-process resume reads both files and continues the global
@@ -288,8 +303,8 @@ def test_per_rank_layout_resumes_on_two_ranks_and_on_one(tmp_path, caplog, name)
     caplog.set_level(logging.WARNING, logger="zephon_integrations")
     case = PER_RANK_CASES[name]
     gas = case["gas"]
-    full = launch(tmp_path, "full", "a", **case)
-    ckpt = tmp_path / "a" / f"checkpoint-{CRASH}"
+    full_dir, full = per_rank_full(name)
+    ckpt = full_dir / "a" / f"checkpoint-{CRASH}"
     manifest = codec.decode((ckpt / STATE_FILE).read_bytes())
     assert manifest["format"] == "zephon.per_rank_manifest" and "lanes" not in manifest
     assert (manifest["dp_size"], manifest["world_size"]) == (RANKS, RANKS)
@@ -331,3 +346,20 @@ def test_per_rank_layout_resumes_on_two_ranks_and_on_one(tmp_path, caplog, name)
     assert "no rng_state.pth for process 0" in warning and "the data continues exactly" in warning
     # one process: "per_rank" writes the merged state (one portable file)
     assert "lanes" in Pipeline.load(tmp_path / "single" / f"checkpoint-{STEPS}" / STATE_FILE)
+
+
+def test_a_damaged_rank_file_fails_every_rank_with_the_typed_error(tmp_path, per_rank_full):
+    """Rank 1's file is damaged: rank 1 raises CorruptCheckpoint reading it, and rank 0,
+    which read its own file, raises too instead of waiting in training's first collective."""
+    case = PER_RANK_CASES["trainer"]
+    ckpt = tmp_path / "checkpoint-3"
+    shutil.copytree(per_rank_full("trainer")[0] / "a" / ckpt.name, ckpt)
+    damaged = ckpt / file_name(1, 1)
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    proc = torchrun(tmp_path, "tail", "b", STEPS, dict(case, resume=str(ckpt)))
+    assert proc is not None, "a rank hung"
+    assert proc.returncode != 0
+    for rank in range(RANKS):
+        assert f"[rank{rank}]: zephon_core.errors.CorruptCheckpoint" in proc.stderr, rank
+    assert "rank 1 could not read its share of the checkpoint" in proc.stderr
+    assert "zephon_rank00001_dp00001.msgpack.zst" in proc.stderr
