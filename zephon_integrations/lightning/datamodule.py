@@ -287,7 +287,10 @@ class ZephonDataModule(pl.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """``{"zephon": state}``: the state right after the last batch a training step
         consumed up to the last optimizer step (inside an accumulation window: at the
-        window's start; an aggregation round with several ranks); never empty."""
+        window's start; an aggregation round with several ranks -- or, with
+        ``state_layout="per_rank"``, this rank's lanes only, in the per-rank shape of
+        ``handle.state_dict()``, which the checkpoint hook writes to this rank's file);
+        never empty."""
         if self._loader is not None:
             served = self.steps.save_point(self._trainer_or_none()).consumed
             if served < 0:
