@@ -82,3 +82,31 @@ def _listify(x: Any) -> Any:
 
 def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
+
+
+def to_msgpack(snap: Snapshot) -> dict[str, Any]:
+    """A snapshot as msgpack values (bytes, ints, lists): the form of a per-rank state file
+    (``state_layout="per_rank"``), which holds no tensors."""
+    kind, keys, pos, has_gauss, cached = snap["numpy"]
+    out: dict[str, Any] = {
+        "python": _listify(snap["python"]),
+        "numpy": [kind, np.asarray(keys, dtype=np.uint32).tobytes(), int(pos), int(has_gauss)]
+        + [float(cached)],
+        "torch": snap["torch"].numpy().tobytes(),
+    }
+    if "cuda" in snap:
+        out["cuda"] = [s.cpu().numpy().tobytes() for s in snap["cuda"]]
+    return out
+
+
+def from_msgpack(state: dict[str, Any]) -> Snapshot:
+    """The snapshot :func:`to_msgpack` describes."""
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    out: Snapshot = {
+        "python": _tuplify(state["python"]),
+        "numpy": (kind, np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached),
+        "torch": torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8),
+    }
+    if "cuda" in state:
+        out["cuda"] = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in state["cuda"]]
+    return out

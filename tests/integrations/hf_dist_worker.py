@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--agg-timeout", type=float, default=300.0)
     ap.add_argument("--probe-no-checkpoint", type=int, default=0)
     ap.add_argument("--teardown", type=int, default=0, help="exit through interpreter teardown")
+    ap.add_argument("--layout", default="merged", help="state_layout of the Zephon path")
     a = ap.parse_args()
     rank_env = os.environ.get("RANK", "0")
     stacks = open(f"{a.record}.rank{rank_env}.stacks", "w")  # noqa: SIM115 - lives until exit
@@ -92,7 +93,7 @@ def main() -> None:
     if a.slow_save:
         slow_save(a.record, int(rank_env))
     if a.path == "callback":
-        zephon = ZephonCallback(build)
+        zephon = ZephonCallback(build, state_layout=a.layout)
         trainer = Trainer(
             model=model,
             args=args,
@@ -100,7 +101,9 @@ def main() -> None:
             callbacks=[zephon] + callbacks,
         )
     else:
-        trainer = ZephonTrainer(model=model, args=args, pipeline=build, callbacks=callbacks)
+        trainer = ZephonTrainer(
+            model=model, args=args, pipeline=build, callbacks=callbacks, state_layout=a.layout
+        )
     resume = {"": None, "true": True}.get(a.resume, a.resume)
     trainer.train(resume_from_checkpoint=resume)
     if a.teardown:  # benchmarks/stress_exit.py: a user's script ends here, through teardown

@@ -34,6 +34,8 @@ from hf_helpers import (
 from transformers import Trainer, TrainingArguments
 
 from zephon_core import Pipeline
+from zephon_core.checkpoint import codec
+from zephon_core.distributed.rank_files import file_name
 from zephon_integrations.hf import ZephonCallback, ZephonTrainer
 from zephon_integrations.hf.checkpoint_dir import STATE_FILE
 
@@ -267,3 +269,97 @@ def test_rank_zero_writing_a_checkpoint_slowly_does_not_time_out_the_merge(tmp_p
     ref = reference(3 * RANKS)
     assert [r["seen"] for r in records] == [ref[r::RANKS] for r in range(RANKS)]
     assert (tmp_path / "a" / "checkpoint-3" / "zephon_state.msgpack.zst").exists()
+
+
+# -- state_layout="per_rank": every rank writes its own lanes, rank 0 a manifest --------------
+
+PER_RANK_CASES = {
+    "trainer": dict(path="trainer", gas=2, layout="per_rank"),
+    "callback-shard": dict(path="callback", dispatch=0, gas=1, layout="per_rank"),
+}
+
+
+@pytest.fixture(scope="module")
+def per_rank_full(tmp_path_factory):
+    """``per_rank_full(name)``: (dir, records) of one uninterrupted 2-rank run of a case,
+    launched once per module."""
+    runs: dict[str, tuple[Path, list[dict]]] = {}
+
+    def run(name: str) -> tuple[Path, list[dict]]:
+        if name not in runs:
+            tmp = tmp_path_factory.mktemp(f"per_rank_{name}")
+            runs[name] = (tmp, launch(tmp, "full", "a", **PER_RANK_CASES[name]))
+        return runs[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", list(PER_RANK_CASES))
+def test_per_rank_layout_resumes_on_two_ranks_and_on_one(tmp_path, caplog, per_rank_full, name):
+    """No round, no gather: ``checkpoint-N/`` holds each rank's own file next to its
+    ``rng_state_<r>.pth`` and a small manifest; a 2-rank resume repeats every rank's
+    batches and losses, a 1-process resume reads both files and continues the global
+    stream (a WARNING says the per-rank RNG cannot follow)."""
+    caplog.set_level(logging.WARNING, logger="zephon_integrations")
+    case = PER_RANK_CASES[name]
+    gas = case["gas"]
+    full_dir, full = per_rank_full(name)
+    ckpt = full_dir / "a" / f"checkpoint-{CRASH}"
+    manifest = codec.decode((ckpt / STATE_FILE).read_bytes())
+    assert manifest["format"] == "zephon.per_rank_manifest" and "lanes" not in manifest
+    assert (manifest["dp_size"], manifest["world_size"]) == (RANKS, RANKS)
+    assert manifest["position"] == CRASH * gas * RANKS
+    assert (ckpt / STATE_FILE).stat().st_size < 1000
+    names = sorted(p.name for p in ckpt.glob("zephon_rank*"))
+    assert names == [file_name(r, r) for r in range(RANKS)]
+
+    tail = launch(tmp_path, "tail", "b", resume=str(ckpt), **case)
+    for rank in range(RANKS):
+        assert tail[rank]["seen"] == full[rank]["seen"][CRASH * gas :]
+        assert tail[rank]["losses"] == full[rank]["losses"][CRASH:]
+        assert tail[rank]["warnings"] == []
+
+    model = tiny_model()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "single"),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=gas,
+        save_steps=STEPS,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    if case["path"] == "callback":
+        zephon = ZephonCallback(make_pipeline, state_layout="per_rank")
+        trainer = Trainer(
+            model=model, args=args, train_dataset=zephon.train_dataset, callbacks=[zephon]
+        )
+    else:
+        trainer = ZephonTrainer(
+            model=model, args=args, pipeline=make_pipeline, state_layout="per_rank"
+        )
+    trainer.train(resume_from_checkpoint=str(ckpt))
+    consumed, remaining = CRASH * gas * RANKS, (STEPS - CRASH) * gas
+    assert model.seen == reference(consumed + remaining)[consumed:]
+    [warning] = zephon_warnings(caplog)
+    assert "no rng_state.pth for process 0" in warning and "the data continues exactly" in warning
+    # one process: "per_rank" writes the merged state (one portable file)
+    assert "lanes" in Pipeline.load(tmp_path / "single" / f"checkpoint-{STEPS}" / STATE_FILE)
+
+
+def test_a_damaged_rank_file_fails_every_rank_with_the_typed_error(tmp_path, per_rank_full):
+    """Rank 1's file is damaged: rank 1 raises CorruptCheckpoint reading it, and rank 0,
+    which read its own file, raises too instead of waiting in training's first collective."""
+    case = PER_RANK_CASES["trainer"]
+    ckpt = tmp_path / "checkpoint-3"
+    shutil.copytree(per_rank_full("trainer")[0] / "a" / ckpt.name, ckpt)
+    damaged = ckpt / file_name(1, 1)
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    proc = torchrun(tmp_path, "tail", "b", STEPS, dict(case, resume=str(ckpt)))
+    assert proc is not None, "a rank hung"
+    assert proc.returncode != 0
+    for rank in range(RANKS):
+        assert f"[rank{rank}]: zephon_core.errors.CorruptCheckpoint" in proc.stderr, rank
+    assert "rank 1 could not read its share of the checkpoint" in proc.stderr
+    assert "zephon_rank00001_dp00001.msgpack.zst" in proc.stderr

@@ -2,9 +2,11 @@
 
 A state can sit in a Zephon state file (``pipe.save()``, msgpack+zstd), in a Lightning
 ``.ckpt`` (under the top-level key ``"zephon"``, or an older datamodule entry), or in
-an HF ``checkpoint-N/`` directory (``zephon_state.msgpack.zst``). ``read_any`` takes any
-of them -- a torch file without running code from it (``torch_files.py``) -- and checks
-it as a restore would, as far as that needs no pipeline (``checkpoint/restore.py``
+an HF ``checkpoint-N/`` directory (``zephon_state.msgpack.zst``); a checkpoint saved
+with ``state_layout="per_rank"`` holds a manifest there instead, and its rank files are
+read and merged (``distributed/rank_files.py``). ``read_any`` takes any of them -- a
+torch file without running code from it (``torch_files.py``) -- and checks it as a
+restore would, as far as that needs no pipeline (``checkpoint/restore.py``
 ``check_alone``); ``summary`` turns a state into what ``zephon inspect`` prints.
 """
 
@@ -18,7 +20,13 @@ from ..checkpoint import codec
 from ..checkpoint.provenance import writer
 from ..checkpoint.restore import check_alone
 from ..checkpoint.state import PipelineState
-from ..checkpoint.trainer_files import HF_STATE_FILE, legacy_lightning_state, lightning_entry
+from ..checkpoint.trainer_files import (
+    HF_STATE_FILE,
+    legacy_lightning_state,
+    lightning_entry,
+    lightning_manifest,
+)
+from ..distributed import rank_files
 from ..engine.mixture_report import dataset_totals
 from ..errors import CorruptCheckpoint
 from ..sources.mixture_state import lane_scheduled
@@ -55,19 +63,29 @@ def read_any(path: str | os.PathLike, trust_pickle: bool = False) -> tuple[dict[
                 f"{p} is a directory without {HF_STATE_FILE}: not an HF checkpoint written "
                 "with ZephonCallback/ZephonTrainer"
             )
-        return codec.decode(codec.read_bytes(f)), "HF checkpoint directory"
+        state = codec.decode(codec.read_bytes(f))
+        if rank_files.is_manifest(state):
+            return rank_files.merged_state(state, str(p)), "HF checkpoint directory (per rank)"
+        return state, "HF checkpoint directory"
     if not p.exists():
         raise CorruptCheckpoint(f"{p} does not exist")
     data = codec.read_bytes(p)
     if data.startswith(codec.MAGIC):
         return codec.decode(data), "Zephon state file"
-    return _from_torch(p, trust_pickle), "Lightning checkpoint"
+    return _from_torch(p, trust_pickle)
 
 
-def _from_torch(p: Path, trust_pickle: bool) -> dict[str, Any]:
+def _from_torch(p: Path, trust_pickle: bool) -> tuple[dict[str, Any], str]:
     ckpt = load_torch_file(p, trust_pickle)
     if not isinstance(ckpt, dict):
         raise CorruptCheckpoint(f"{p} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    manifest = lightning_manifest(ckpt)
+    if manifest is not None:  # state_layout="per_rank": the rank files beside it
+        return rank_files.merged_state(manifest, str(p.parent)), "Lightning checkpoint (per rank)"
+    return _lightning_state(p, ckpt), "Lightning checkpoint"
+
+
+def _lightning_state(p: Path, ckpt: dict[str, Any]) -> dict[str, Any]:
     entry = lightning_entry(ckpt)
     if entry is not None:
         if not isinstance(entry["state"], dict):

@@ -58,6 +58,7 @@ __all__ = [
     "check",
     "encode",
     "is_per_rank",
+    "merged_of",
     "owned_slots",
     "slot_key",
     "translate",
@@ -200,17 +201,7 @@ def _parse(
                 f"lane {expected}: the state's keys were renamed or mixed from other states"
             )
         lanes.append(lane)
-    merged_shape = {
-        "format": STATE_FORMAT,
-        "version": meta["state_version"],
-        "fingerprint": meta.get("fingerprint"),
-        "config": meta.get("config"),
-        "content": meta.get("content"),
-        "position": position,
-        "lanes": lanes,
-    }
-    if meta["state_version"] >= 3:
-        merged_shape["zephon_version"] = meta.get("zephon_version")
+    merged_shape = _merged_shape(meta, lanes)
     if meta["state_version"] != STATE_VERSION:
         raise IncompatibleCheckpoint(
             f"per-rank lane states of schema version {meta['state_version']}: this Zephon "
@@ -218,6 +209,36 @@ def _parse(
         )
     owned = [(position + s) % n for s in want]
     return PipelineState.from_dict(merged_shape), owned
+
+
+def _merged_shape(meta: Mapping[str, Any], lanes: list[Any]) -> dict[str, Any]:
+    out = {
+        "format": STATE_FORMAT,
+        "version": meta["state_version"],
+        "fingerprint": meta.get("fingerprint"),
+        "config": meta.get("config"),
+        "content": meta.get("content"),
+        "position": meta["position"],
+        "lanes": lanes,
+    }
+    if meta["state_version"] >= 3:
+        out["zephon_version"] = meta.get("zephon_version")
+    return out
+
+
+def merged_of(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The merged state (``checkpoint()``'s shape) of a per-rank state holding every slot,
+    e.g. the union of every rank's ``state_dict()``; checked by whoever admits it."""
+    if not isinstance(state.get("slots"), Mapping) or "meta" not in state:
+        raise CorruptCheckpoint("a per-rank state is {'meta': bytes, 'slots': {key: bytes}}")
+    meta = decode_meta(state["meta"])
+    n, slots = meta["canonical_replicas"], state["slots"]
+    missing = [s for s in range(n) if slot_key(s) not in slots]
+    if missing:
+        raise _missing(missing, _held(slots, n), n, meta["position"], None)
+    lanes = [_unpack(slots[slot_key(s)], f"slot {slot_key(s)}") for s in range(n)]
+    return _merged_shape(meta, sorted(lanes, key=lambda x: x.get("lane", -1)
+                                      if isinstance(x, dict) else -1))  # fmt: skip
 
 
 def admit_any(

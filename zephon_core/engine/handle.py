@@ -97,6 +97,7 @@ class StreamHandle:
         the state at the call). A loader's is the state after the batches it handed out
         (``served``: after the first ``served`` of them, as in :meth:`checkpoint`).
         On a fresh handle it names exactly the slots this rank owns: DCP's load template.
+        ``served``: as in :meth:`checkpoint` (a trainer that reads ahead).
 
         For one dict holding every lane of every rank (a round), use :meth:`checkpoint`.
         """

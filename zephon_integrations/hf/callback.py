@@ -17,11 +17,13 @@ What it takes care of (transformers 5.x / accelerate traps):
 * Every wrapper reads ahead (one micro-step, plus GAS batches per optimizer step), so
   the state saved is computed from ``global_step``, not from what was read.
 * ``on_save`` runs after ``checkpoint-N/`` is complete; rank 0 writes the merged state
-  there atomically. ``on_train_begin`` finds the directory a resume starts from and
-  restores it before the first batch is read; the Trainer's RNG state is restored
-  again at the first resumed step, because the loader iterators it creates on resume
-  draw from the global RNG after the Trainer's own restore. What the checkpoint lacks
-  for a bit-identical run (RNG, optimizer) is logged as a WARNING.
+  there atomically. With ``state_layout="per_rank"`` and ranks reading their own lanes,
+  there is no round: every rank writes its own lanes' file there (beside its
+  ``rng_state_<r>.pth``) and rank 0 a manifest. ``on_train_begin`` finds the directory
+  a resume starts from and restores it before the first batch is read; the Trainer's
+  RNG state is restored again at the first resumed step, because the loader iterators
+  it creates on resume draw from the global RNG after the Trainer's own restore. What
+  the checkpoint lacks for a bit-identical run (RNG, optimizer) is logged as a WARNING.
 * A finite stream that ends before ``max_steps`` ends training at that step
   (``stream_end.py``); options that do not apply to a stream are named once
   (``ignored_options.py``).
@@ -39,6 +41,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core.distributed import rank_files
 from zephon_core.distributed.finite_end import is_finite
 from zephon_core.distributed.topology import validate
 from zephon_core.engine.restore_log import restore_lines_to
@@ -51,8 +54,10 @@ from .checkpoint_dir import (
     read_state,
     resolve_resume_dir,
     restore_rng,
+    save_nonce,
     step_dir,
     warn_resume_gaps,
+    write_share,
     write_state,
 )
 from .ignored_options import constructing_trainer, warn_ignored_options
@@ -97,6 +102,13 @@ class ZephonCallback(TrainerCallback):
             ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
             ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
             The resumed run's own checkpoints then resume exactly without it.
+        state_layout: ``"merged"`` (default): rank 0 writes the state of every lane to
+            ``checkpoint-N/`` (an aggregation round at each save when ranks read their own
+            lanes). ``"per_rank"``: every rank writes its own lanes' state into a file of
+            its own there, with no round, and rank 0 a small manifest; a resume on another
+            number of processes reads the files holding its lanes. It applies when ranks
+            read their own lanes (``dispatch_batches=False``); otherwise one process holds
+            every lane and writes the merged state either way.
     """
 
     def __init__(
@@ -106,11 +118,14 @@ class ZephonCallback(TrainerCallback):
         num_workers: int | None = None,
         resume_from: str | None = None,
         allow_changes: Iterable[str] = (),
+        state_layout: str = "merged",
     ):
         self._factory = pipeline
         self.num_workers = num_workers
         self.resume_from = resume_from
         self.allow_changes = checked(allow_changes, "ZephonCallback")
+        self.state_layout = rank_files.check_layout(state_layout, "ZephonCallback")
+        self._save_nonce: str | None = None  # per_rank: this train()'s, alike on every rank
         self.train_dataset = ZephonRows()
         self.pipeline: Pipeline | None = None  # this process's pipeline in the running train()
         self.loader: ZephonDataLoader | None = None  # ... and the loader handle it reads
@@ -201,12 +216,14 @@ class ZephonCallback(TrainerCallback):
         workers = self.num_workers or 0
         validate(pipe.canonical_replicas, pipe.topology().dp_size, workers)
         self._layout, self._start_step, self._saved = layout, state.global_step, None
+        self._save_nonce = None
+        if self.state_layout == "per_rank" and layout.own_lanes:
+            self._save_nonce = save_nonce()  # on every rank (a broadcast)
         if state.global_step > 0:  # the Trainer loaded a checkpoint's trainer_state.json
             path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
+            saved = read_state(path, pipe.topology())  # a per-rank save: this rank's share
             with named_in_refusals("ZephonCallback"):
-                pipe.load_state_dict(
-                    read_state(path), allow_changes=self.allow_changes, origin=str(path)
-                )
+                pipe.load_state_dict(saved, allow_changes=self.allow_changes, origin=str(path))
             warn_resume_gaps(
                 path, args.process_index, args.world_size, "ZephonCallback", bool(args.deepspeed)
             )
@@ -261,8 +278,17 @@ class ZephonCallback(TrainerCallback):
         else:  # a save decided after the step (e.g. save_strategy="best")
             merged = self._merged_state(args, state)
         self._saved = None
-        if merged is not None and args.should_save:
-            write_state(step_dir(args.output_dir, state.global_step), merged)
+        where = step_dir(args.output_dir, state.global_step)
+        if merged is not None and self._save_nonce is not None and self.pipeline is not None:
+            write_share(
+                where,
+                merged,
+                save_id=f"{self._save_nonce}-step{state.global_step}",
+                topology=self.pipeline.topology(),
+                with_manifest=args.should_save,
+            )
+        elif merged is not None and args.should_save:
+            write_state(where, merged)
 
     def _merged_state(self, args: Any, state: Any) -> dict[str, Any] | None:
         layout = self._layout
@@ -280,6 +306,8 @@ class ZephonCallback(TrainerCallback):
             # the step where a finite stream ended may have had fewer batches (a partial
             # accumulation); everything handed out was trained
             consumed = min(consumed, self.loader.consumer.served)
+        if self._save_nonce is not None:  # per_rank: this rank's lanes, no round
+            return self.loader.state_dict(served=consumed)
         # own lanes: an aggregation round on every rank
         return self.loader.checkpoint(served=consumed)
 

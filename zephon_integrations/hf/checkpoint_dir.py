@@ -1,10 +1,13 @@
 """Zephon's file inside a Trainer ``checkpoint-N/`` directory, and finding that directory.
 
 Shared by :class:`ZephonCallback` and :class:`ZephonTrainer`: where the merged state
-is written, how a resume locates it, restoring the Trainer's RNG files (which the
-Trainer itself restores too early once ``ignore_data_skip`` is on, see callers), and
-saying what a checkpoint lacks for a bit-identical resume (the Trainer only logs that
-at INFO level, or not at all).
+is written (with ``state_layout="per_rank"``: every rank's own file
+``zephon_rank<r>_dp<d>.msgpack.zst`` next to the Trainer's ``rng_state_<r>.pth``, and a
+manifest in place of the merged state, ``zephon_core/distributed/rank_files.py``), how
+a resume locates it, restoring the Trainer's RNG files (which the Trainer itself
+restores too early once ``ignore_data_skip`` is on, see callers), and saying what a
+checkpoint lacks for a bit-identical resume (the Trainer only logs that at INFO level,
+or not at all).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import sys
 from typing import Any
 
@@ -25,6 +29,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from zephon_core import ConfigError, MissingCheckpointState
 from zephon_core.checkpoint import codec
 from zephon_core.checkpoint.trainer_files import HF_STATE_FILE
+from zephon_core.distributed import rank_files
+from zephon_core.distributed.topology import Topology
+from zephon_core.errors import CheckpointError
 
 STATE_FILE = HF_STATE_FILE
 log = logging.getLogger(__name__)
@@ -36,18 +43,61 @@ def step_dir(output_dir: str, global_step: int) -> str:
 
 def write_state(checkpoint_dir: str, state: dict[str, Any]) -> str:
     """Write ``state`` into ``checkpoint_dir`` atomically (a reader never sees half a file)."""
-    if not os.path.isdir(checkpoint_dir):
-        raise ConfigError(
-            f"{checkpoint_dir} does not exist; the Trainer saves elsewhere "
-            "(hyperparameter search?) and Zephon cannot place its state"
-        )
+    _check_dir(checkpoint_dir)
     path = os.path.join(checkpoint_dir, STATE_FILE)
     codec.write_atomic(path, codec.encode(state))
     return path
 
 
-def read_state(checkpoint_dir: str) -> dict[str, Any]:
-    """The Zephon state saved in ``checkpoint_dir``.
+def _check_dir(checkpoint_dir: str) -> None:
+    if not os.path.isdir(checkpoint_dir):
+        raise ConfigError(
+            f"{checkpoint_dir} does not exist; the Trainer saves elsewhere "
+            "(hyperparameter search?) and Zephon cannot place its state"
+        )
+
+
+def save_nonce() -> str:
+    """A token naming one ``train()``'s saves, the same on every rank (one broadcast per
+    ``train()`` when torch.distributed runs; none per save)."""
+    token = secrets.token_hex(6)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [token]
+        dist.broadcast_object_list(box, src=0)
+        token = box[0]
+    return token
+
+
+def write_share(
+    checkpoint_dir: str,
+    state: dict[str, Any],
+    *,
+    save_id: str,
+    topology: Topology,
+    with_manifest: bool,
+) -> None:
+    """``state_layout="per_rank"``: write this rank's per-rank ``state`` into its own file
+    in ``checkpoint_dir``; ``with_manifest`` (the rank that saves): the manifest too, as
+    the state file. Every rank writes, none waits for another."""
+    _check_dir(checkpoint_dir)
+    rank_files.write_rank_file(checkpoint_dir, save_id=save_id, topology=topology, state=state)
+    if with_manifest:
+        m = rank_files.manifest(
+            save_id=save_id,
+            state=state,
+            topology=topology,
+            files="",  # beside the manifest, in checkpoint-N/
+            files_abs=os.path.abspath(checkpoint_dir),
+        )
+        codec.write_atomic(os.path.join(checkpoint_dir, STATE_FILE), codec.encode(m))
+
+
+def read_state(checkpoint_dir: str, topology: Topology | None = None) -> dict[str, Any]:
+    """The Zephon state saved in ``checkpoint_dir``: the merged state, or -- a checkpoint
+    saved with ``state_layout="per_rank"`` -- the share of the rank at ``topology`` (every
+    rank raises alike if any cannot read its share).
 
     Raises:
         MissingCheckpointState: the directory has no state file. Zephon writes its file
@@ -68,7 +118,17 @@ def read_state(checkpoint_dir: str) -> dict[str, Any]:
             "ZephonCallback/ZephonTrainer (or its save was interrupted), so the data "
             "position cannot be restored"
         )
-    return codec.decode(codec.read_bytes(path))
+    state = codec.decode(codec.read_bytes(path))
+    if not rank_files.is_manifest(state):
+        return state
+    share, error = None, None
+    try:
+        directory = rank_files.locate(state, checkpoint_dir)
+        share = rank_files.read_share(state, directory, topology or Topology())
+    except (CheckpointError, OSError) as e:
+        error = e
+    rank_files.agree(error)
+    return share.state
 
 
 def _complete_siblings(checkpoint_dir: str) -> list[str]:

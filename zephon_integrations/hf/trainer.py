@@ -21,6 +21,7 @@ from typing import Any
 from transformers import Trainer
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core.distributed import rank_files
 from zephon_core.engine.restore_log import restore_lines_to
 
 from ..allow_changes import checked, named_in_refusals
@@ -30,8 +31,10 @@ from .checkpoint_dir import (
     STATE_FILE,
     last_checkpoint,
     read_state,
+    save_nonce,
     step_dir,
     warn_resume_gaps,
+    write_share,
     write_state,
 )
 from .ignored_options import warn_ignored_options
@@ -56,6 +59,12 @@ class ZephonTrainer(Trainer):
             ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
             ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
             The resumed run's own checkpoints then resume exactly without it.
+        state_layout: ``"merged"`` (default): rank 0 writes the state of every lane to
+            ``checkpoint-N/`` (an aggregation round at each save with several ranks).
+            ``"per_rank"``: every rank writes its own lanes' state into a file of its own
+            there (beside its ``rng_state_<r>.pth``), with no round, and rank 0 a small
+            manifest; a resume on another number of processes reads the files holding
+            its lanes. With one process both write the merged state.
         *args: as for ``transformers.Trainer``.
         **kwargs: as for ``transformers.Trainer`` (no ``data_collator``).
     """
@@ -65,6 +74,7 @@ class ZephonTrainer(Trainer):
         *args: Any,
         pipeline: Pipeline | Callable[[], Pipeline],
         allow_changes: Iterable[str] = (),
+        state_layout: str = "merged",
         **kwargs: Any,
     ):
         if kwargs.get("data_collator") is not None:
@@ -81,6 +91,8 @@ class ZephonTrainer(Trainer):
         self.add_callback(StreamEnd("ZephonTrainer"))
         self._zephon_factory = pipeline
         self._zephon_allow_changes = checked(allow_changes, "ZephonTrainer")
+        self.zephon_state_layout = rank_files.check_layout(state_layout, "ZephonTrainer")
+        self._zephon_nonce: str | None = None  # per_rank: this train()'s, alike on every rank
         self.zephon_pipeline: Pipeline | None = None
         self.zephon_loader: ZephonDataLoader | None = None  # the handle of the running train()
         self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
@@ -137,8 +149,11 @@ class ZephonTrainer(Trainer):
         path = resume_from_checkpoint
         if path is True:
             path = last_checkpoint(self.args.output_dir)
+        self._zephon_nonce = None
+        if self.zephon_state_layout == "per_rank" and self.args.world_size > 1:
+            self._zephon_nonce = save_nonce()  # on every rank (a broadcast)
         if path:
-            state = read_state(path)
+            state = read_state(path, self._zephon().topology())  # per_rank: this rank's share
             # validated before any work
             with named_in_refusals("ZephonTrainer"):
                 self._zephon().description().load_state_dict(
@@ -167,7 +182,20 @@ class ZephonTrainer(Trainer):
         # the state right after the batches the saved optimizer steps consumed; merged
         # before saving, as rank 0 may then spend minutes writing the model while the
         # other ranks would wait for it inside the aggregation round
-        state = self.zephon_loader.checkpoint(served=self._zephon_served)  # a round on every rank
+        served = self._zephon_served
+        if self._zephon_nonce is not None:  # per_rank: this rank's lanes, no round
+            state = self.zephon_loader.state_dict(served=served)
+        else:
+            state = self.zephon_loader.checkpoint(served=served)  # a round on every rank
         super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            write_state(step_dir(self._get_output_dir(trial=trial), self.state.global_step), state)
+        where = step_dir(self._get_output_dir(trial=trial), self.state.global_step)
+        if self._zephon_nonce is not None:
+            write_share(
+                where,
+                state,
+                save_id=f"{self._zephon_nonce}-step{self.state.global_step}",
+                topology=self._zephon().topology(),
+                with_manifest=self.args.should_save,
+            )
+        elif self.args.should_save:
+            write_state(where, state)

@@ -13,13 +13,20 @@ the data would restart from its first batch with no warning. So
   training step starts from -- in this run and in a run resumed from the checkpoint --
   also when the save comes before a resumed fit's first step (an epoch-end re-save).
   Inside a gradient-accumulation window it also writes Lightning's loop counters of the
-  window's start (``loop_counters.py``), so a resume redoes the window;
-* on load, finds the state under ``"zephon"`` -- or, for checkpoints of earlier
-  releases, under any top-level entry holding ``{"zephon": <pipeline state>}`` -- and
-  hands it, the rank's RNG state and the loop counters to the datamodule; a resumed
-  ``fit`` (``global_step > 0``) whose checkpoint holds none raises
-  :class:`~zephon_core.MissingCheckpointState`, unless the datamodule was built with
-  ``allow_fresh_start=True``;
+  window's start (``loop_counters.py``), so a resume redoes the window. With
+  ``state_layout="per_rank"`` and several ranks there is neither round nor gather:
+  every rank writes its own lanes and RNG into ``<ckpt>.zephon/`` (the path
+  ``Trainer.save_checkpoint`` was given, read from its frame: Lightning tells callbacks
+  no path, and every rank calls it with the same one), and ``"zephon"`` holds a
+  manifest (``{"per_rank": ...}``, ``distributed/rank_files.py``); rank 0 removes the
+  files of checkpoints deleted since (``save_top_k``);
+* on load, finds the state under ``"zephon"`` (or this rank's share through the
+  manifest: its own file, or on another number of ranks the files holding its lanes)
+  -- or, for checkpoints of earlier releases, under any top-level entry holding
+  ``{"zephon": <pipeline state>}`` -- and hands it, the rank's RNG state and the loop
+  counters to the datamodule; a resumed ``fit`` (``global_step > 0``) whose checkpoint
+  holds none raises :class:`~zephon_core.MissingCheckpointState`, unless the datamodule
+  was built with ``allow_fresh_start=True``;
 * ends each training micro-step (``on_train_batch_end``) for the datamodule's
   :class:`~.steps.StepTracker`, and ends the fit when a finite stream ended
   (``stream_end.py``);
@@ -34,6 +41,9 @@ it uses, so the two modules do not import each other.
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import sys
 from typing import Any, ClassVar, Protocol
 
 import lightning.pytorch as pl
@@ -44,7 +54,11 @@ from zephon_core.checkpoint.trainer_files import (
     LIGHTNING_KEY,
     legacy_lightning_state,
     lightning_entry,
+    lightning_manifest,
 )
+from zephon_core.distributed import rank_files
+from zephon_core.distributed.topology import Topology
+from zephon_core.errors import CheckpointError
 
 from .. import rng
 from ..packed_cache import restore_cache, turn_cache_off
@@ -64,6 +78,7 @@ class HookedDataModule(Protocol):
     pipeline: Pipeline | None
     steps: StepTracker
     allow_fresh_start: bool
+    per_rank: bool
 
     @property
     def loader(self) -> ZephonDataLoader | None: ...
@@ -74,6 +89,10 @@ class HookedDataModule(Protocol):
 
     def resume_rng(self, states: list[dict[str, Any]] | None, trainer: Any) -> dict | None: ...
 
+    def resume_rank_rng(
+        self, state: dict[str, Any] | None, saved_ranks: int, trainer: Any
+    ) -> dict | None: ...
+
 
 class ZephonCheckpointHook(pl.Callback):
     """Installed by :class:`ZephonDataModule`; not meant to be added by hand."""
@@ -82,8 +101,13 @@ class ZephonCheckpointHook(pl.Callback):
         self.datamodule = datamodule
         self._warned_buffers = False
         self._cache_off: list[Any] = []  # model configs whose KV cache this fit turned off
+        self._save_nonce: str | None = None  # per_rank: this fit's, the same on every rank
+        self._saves = 0  # per_rank: saves of this fit (every rank saves alike)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if self.datamodule.per_rank:  # one small collective per fit, none per save
+            self._save_nonce = trainer.strategy.broadcast(secrets.token_hex(6))
+            self._saves = 0
         # after every setup hook and configure_model(): models built there exist now
         pipeline = self.datamodule.pipeline
         if pipeline is not None:
@@ -114,8 +138,12 @@ class ZephonCheckpointHook(pl.Callback):
         entry = checkpoint.pop(type(dm).__qualname__, None)  # Lightning keyed it by class
         state = entry[dm.STATE_KEY] if entry else dm.state_dict()[dm.STATE_KEY]
         point = dm.steps.save_point(trainer)
-        mine = rng.to_checkpoint(point.rng if point.rng is not None else rng.snapshot())
-        checkpoint[CHECKPOINT_KEY] = {"state": state, "rng": _gather(mine, trainer.world_size)}
+        snap = point.rng if point.rng is not None else rng.snapshot()
+        if dm.per_rank:
+            checkpoint[CHECKPOINT_KEY] = {"per_rank": self._write_share(trainer, state, snap)}
+        else:
+            mine = rng.to_checkpoint(snap)
+            checkpoint[CHECKPOINT_KEY] = {"state": state, "rng": _gather(mine, trainer.world_size)}
         if dm.steps.inside_window and point.counters is not None:
             loop_counters.write(checkpoint, point.counters)
             self._warn_if_buffers_update(pl_module, trainer)
@@ -125,6 +153,15 @@ class ZephonCheckpointHook(pl.Callback):
     ) -> None:
         dm = self.datamodule
         counters = loop_counters.from_checkpoint(checkpoint)
+        manifest = lightning_manifest(checkpoint)
+        if manifest is not None:
+            share = self._read_share(trainer, manifest)
+            dm.load_state_dict({dm.STATE_KEY: share.state})
+            own_rng = share.extra.get("rng") if share.extra is not None else None
+            dm.steps.resume_at(
+                dm.resume_rank_rng(own_rng, manifest["world_size"], trainer), counters
+            )
+            return
         entry = lightning_entry(checkpoint)
         if entry is not None:
             dm.load_state_dict({dm.STATE_KEY: entry["state"]})
@@ -145,6 +182,57 @@ class ZephonCheckpointHook(pl.Callback):
                 "ZephonDataModule, or pass ZephonDataModule(..., allow_fresh_start=True) to "
                 "start the data stream from its beginning on purpose"
             )
+
+    # -- state_layout="per_rank" ---------------------------------------------------------
+    def _topology(self, trainer: pl.Trainer) -> Topology:
+        pipe = self.datamodule.pipeline
+        if pipe is not None:
+            return pipe.topology()
+        return Topology(trainer.global_rank, trainer.world_size, trainer.global_rank,
+                        trainer.world_size)  # fmt: skip
+
+    def _write_share(
+        self, trainer: pl.Trainer, state: dict[str, Any], snap: rng.Snapshot
+    ) -> dict[str, Any]:
+        """Write this rank's file; the manifest (what rank 0's ``.ckpt`` keeps)."""
+        if self._save_nonce is None:  # a save outside fit (trainer.save_checkpoint later)
+            self._save_nonce = trainer.strategy.broadcast(secrets.token_hex(6))
+        save_id = f"{self._save_nonce}-step{trainer.global_step}-{self._saves}"
+        self._saves += 1
+        target = _saving_to()
+        if target is not None:
+            directory = f"{target}.zephon"
+            files = os.path.basename(directory)
+            if trainer.is_global_zero and not _writes_later(trainer):
+                # files of checkpoints ModelCheckpoint deleted since (with an asynchronous
+                # CheckpointIO a checkpoint may still be on its way: nothing is pruned)
+                rank_files.prune_orphans(os.path.dirname(os.path.abspath(target)), directory)
+        else:  # not saved through Trainer.save_checkpoint: beside the checkpoints
+            cb = trainer.checkpoint_callback
+            base = getattr(cb, "dirpath", None) or trainer.default_root_dir
+            files = f"zephon-per-rank/{save_id}"
+            directory = os.path.join(os.fspath(base), files)
+        topo = self._topology(trainer)
+        extra = {"rng": rng.to_msgpack(snap)}
+        rank_files.write_rank_file(directory, save_id=save_id, topology=topo, state=state,
+                                   extra=extra)  # fmt: skip
+        absolute = directory if "://" in directory else os.path.abspath(directory)
+        return rank_files.manifest(
+            save_id=save_id, state=state, topology=topo, files=files, files_abs=absolute
+        )
+
+    def _read_share(self, trainer: pl.Trainer, manifest: dict[str, Any]) -> rank_files.Share:
+        """This rank's share; every rank raises if any rank cannot read its own."""
+        ckpt = trainer.ckpt_path
+        share, error = None, None
+        try:
+            where = os.path.dirname(os.fspath(ckpt)) if ckpt else None
+            directory = rank_files.locate(manifest, where)
+            share = rank_files.read_share(manifest, directory, self._topology(trainer))
+        except (CheckpointError, OSError) as e:
+            error = e
+        rank_files.agree(error)
+        return share
 
     def _warn_if_buffers_update(self, pl_module: Any, trainer: pl.Trainer) -> None:
         """A resume redoes the window's micro-batches; running statistics that forward
@@ -168,6 +256,24 @@ class ZephonCheckpointHook(pl.Callback):
                 trainer.global_step,
                 len(norms),
             )
+
+
+def _writes_later(trainer: pl.Trainer) -> bool:
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    return isinstance(getattr(trainer.strategy, "checkpoint_io", None), AsyncCheckpointIO)
+
+
+def _saving_to() -> str | None:
+    """The path the running ``Trainer.save_checkpoint`` writes (None: not inside one)."""
+    code = pl.Trainer.save_checkpoint.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            path = frame.f_locals.get("filepath")
+            return os.fspath(path) if path is not None else None
+        frame = frame.f_back
+    return None
 
 
 def _gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:

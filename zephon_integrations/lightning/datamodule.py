@@ -47,8 +47,13 @@ import lightning.pytorch as pl
 import torch
 
 from zephon_core import ConfigError, Pipeline, ZephonDataLoader
+from zephon_core.checkpoint.state import PipelineState
+from zephon_core.distributed import dcp, rank_files
+from zephon_core.distributed.topology import rank_lanes
+from zephon_core.engine.handle import StreamHandle
 from zephon_core.engine.restore_log import restore_lines_to
 
+from .. import rng
 from ..allow_changes import checked, named_in_refusals
 from ..metrics import loader_metrics
 from .checkpoint_hook import ZephonCheckpointHook
@@ -109,6 +114,14 @@ class ZephonDataModule(pl.LightningDataModule):
             ``Pipeline.load_state_dict(allow_changes=...)``: ``"weights"`` (and
             ``"components"``) re-mix, ``"data"`` / ``"functions"`` accept edited rows or
             map/filter functions. The re-mixed run's own checkpoints resume exactly.
+        state_layout: where the data state goes with several ranks. ``"merged"`` (the
+            default): rank 0's ``.ckpt`` holds the state of every lane (an aggregation
+            round at each save) and every rank's RNG (gathered): one portable file.
+            ``"per_rank"``: every rank writes its own lanes' state and RNG into its own
+            file beside the ``.ckpt`` (``<ckpt>.zephon/``), with no round and no gather;
+            the ``.ckpt`` holds a small manifest. A resume on the same number of ranks
+            restores data and RNG exactly, on another (dividing ``canonical_replicas``)
+            the data exactly. With one process both write the merged state.
     """
 
     STATE_KEY = STATE_KEY
@@ -126,6 +139,7 @@ class ZephonDataModule(pl.LightningDataModule):
         allow_fresh_start: bool = False,
         restore_rng: bool = True,
         allow_changes: Iterable[str] = (),
+        state_layout: str = "merged",
     ):
         super().__init__()
         if not (isinstance(pipeline, Pipeline) or callable(pipeline)):
@@ -143,6 +157,7 @@ class ZephonDataModule(pl.LightningDataModule):
         self.allow_fresh_start = allow_fresh_start
         self.restore_rng = restore_rng
         self.allow_changes = checked(allow_changes, "ZephonDataModule")
+        self.state_layout = rank_files.check_layout(state_layout, "ZephonDataModule")
         self._val_fn = val_dataloader_fn
         if (
             val_dataloader_fn is None
@@ -272,7 +287,10 @@ class ZephonDataModule(pl.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """``{"zephon": state}``: the state right after the last batch a training step
         consumed up to the last optimizer step (inside an accumulation window: at the
-        window's start; an aggregation round with several ranks); never empty."""
+        window's start; an aggregation round with several ranks -- or, with
+        ``state_layout="per_rank"``, this rank's lanes only, in the per-rank shape of
+        ``handle.state_dict()``, which the checkpoint hook writes to this rank's file);
+        never empty."""
         if self._loader is not None:
             served = self.steps.save_point(self._trainer_or_none()).consumed
             if served < 0:
@@ -281,11 +299,33 @@ class ZephonDataModule(pl.LightningDataModule):
                     "train loader was re-created (reload_dataloaders_every_n_epochs); save at "
                     "an optimizer step"
                 )
+            if self.per_rank:  # this rank's lanes only: no round (the hook writes them)
+                return {STATE_KEY: StreamHandle.state_dict(self._loader, served=served)}
             return {STATE_KEY: self._loader.checkpoint(served=served)}
         if self._restore is not None:
-            return {STATE_KEY: self._restore}
+            return {STATE_KEY: self._share(self._restore) if self.per_rank else self._restore}
         pipe = self.pipeline if self.pipeline is not None else self._build()
-        return {STATE_KEY: pipe.description().checkpoint()}  # the beginning: no run needed
+        start = pipe.description().checkpoint()  # the beginning: no run needed
+        return {STATE_KEY: self._share(start) if self.per_rank else start}
+
+    @property
+    def per_rank(self) -> bool:
+        """Whether checkpoints keep this rank's state in a file of its own (several ranks
+        and ``state_layout="per_rank"``)."""
+        trainer = self._trainer_or_none()
+        world = trainer.world_size if trainer is not None else 1
+        return self.state_layout == "per_rank" and world > 1
+
+    def _share(self, state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's lanes of ``state`` in the per-rank shape (unchanged if it has it)."""
+        if dcp.is_per_rank(state):
+            return state
+        pipe = self.pipeline if self.pipeline is not None else self._build()
+        full = PipelineState.from_dict(state)
+        topo = pipe.topology()
+        mine = rank_lanes(pipe.canonical_replicas, topo.dp_size, topo.dp_rank, full.position)
+        full.lanes = {lane: full.lanes[lane] for lane in mine}
+        return dcp.encode(full, pipe.canonical_replicas)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or STATE_KEY not in state_dict:
@@ -306,15 +346,21 @@ class ZephonDataModule(pl.LightningDataModule):
         if not self.restore_rng or not states:
             return None
         if len(states) != trainer.world_size:
-            log.warning(
-                "the checkpoint holds RNG states of %d ranks and this run has %d: "
-                "the data stream continues exactly, but random model operations "
-                "(dropout) will not repeat the uninterrupted run's draws",
-                len(states),
-                trainer.world_size,
-            )
+            _rng_cannot_follow(len(states), trainer.world_size)
             return None
         return states[trainer.global_rank]
+
+    def resume_rank_rng(
+        self, state: dict[str, Any] | None, saved_ranks: int, trainer: Any
+    ) -> dict | None:
+        """This rank's RNG state of its own per-rank file (``state_layout="per_rank"``):
+        None when not restored (with another number of ranks, a warning says so)."""
+        if not self.restore_rng:
+            return None
+        if state is None or saved_ranks != trainer.world_size:
+            _rng_cannot_follow(saved_ranks, trainer.world_size)
+            return None
+        return rng.to_checkpoint(rng.from_msgpack(state))
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":
@@ -329,6 +375,16 @@ class ZephonDataModule(pl.LightningDataModule):
         if self._restore_line is not None:
             self._restore_line.close()
             self._restore_line = None
+
+
+def _rng_cannot_follow(saved: int, now: int) -> None:
+    log.warning(
+        "the checkpoint holds RNG states of %d ranks and this run has %d: "
+        "the data stream continues exactly, but random model operations "
+        "(dropout) will not repeat the uninterrupted run's draws",
+        saved,
+        now,
+    )
 
 
 class _Meter:
