@@ -6,6 +6,8 @@
   per rank beside it (state_dict() encoding, bytes, admission of a per-rank state)
   (``bench_distributed.py scale`` runs only this);
 * DCP save/load vs the merged round in real processes, C=1024, D=2 (``bench_dcp.py``);
+* the trainers' checkpoint layouts, merged vs per rank, D = 8 ... 1024
+  (``bench_per_rank_layout.py``);
 * aggregation round latency for 2 and 4 ranks over a directory and over a
   TCPStore (real processes, loopback);
 * the per-batch cost of carrying lane state from DataLoader workers (deltas
@@ -23,9 +25,9 @@ import statistics
 import tempfile
 import time
 
+import bench_dcp
 import torch.multiprocessing as mp
 from common import reference_pipeline, throughput
-import bench_dcp
 
 
 def _free_port() -> int:
@@ -373,10 +375,17 @@ def bench_round_scale(dps: tuple[int, ...] = (8, 64, 256), s3_dp: int = 64) -> d
     return out
 
 
+def _trainer_layouts() -> list[dict]:
+    import bench_per_rank_layout  # it reads this module's state: imported late
+
+    return bench_per_rank_layout.run()
+
+
 def main() -> dict:
     return {
         "aggregation_scale": bench_round_scale(),
         "dcp_vs_round_processes": bench_dcp.run(1024, 2),
+        "trainer_layouts": _trainer_layouts(),
         "aggregation": bench_aggregation(),
         "state_carrying": bench_state_carrying(),
         "workers": bench_workers(),

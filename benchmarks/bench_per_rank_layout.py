@@ -103,14 +103,13 @@ def measure(full: dict, D: int, pipeline) -> dict:
     }
 
 
-def main() -> None:
+def run() -> list[dict]:
     from bench_distributed import _scale_pipeline, _scale_state
 
     full = _scale_state()
     pipeline = _scale_pipeline()
-    out = [measure(full, D, pipeline) for D in (8, 64, 256, 1024)]
-    print(json.dumps(out, indent=1))
+    return [measure(full, D, pipeline) for D in (8, 64, 256, 1024)]
 
 
 if __name__ == "__main__":
-    main()
+    print(json.dumps(run(), indent=1))
