@@ -177,6 +177,11 @@ class Pipeline:
         return self._evolve(_ops=self._ops + (op,))
 
     @property
+    def component_names(self) -> tuple[str, ...]:
+        """The source's dataset names: ``batch["provenance"][:, 2]`` indexes them."""
+        return tuple(as_source(self.source).component_names)
+
+    @property
     def operators(self) -> tuple[Operator, ...]:
         """The operator chain, in order."""
         return self._ops
@@ -309,9 +314,13 @@ class Pipeline:
         attention: str = "position_ids",
         mask_dtype: str = "float32",
         flash_kwargs: bool = False,
+        provenance: bool = False,
     ) -> Pipeline:
         """Collate into dicts of tensors; for packed rows ``attention`` says how the model
-        learns where documents start (``ops/packed_batch.py``)."""
+        learns where documents start (``ops/packed_batch.py``). ``provenance=True`` adds
+        ``batch["provenance"]``, int64 ``[num_segments, 7]``: per segment of each row its
+        row, offset in the row, dataset (an index into ``component_names``), dataset row,
+        dataset epoch and token range in the document (``ops/batch_provenance.py``)."""
         return self.then(
             BatchOp(
                 batch_size,
@@ -322,6 +331,7 @@ class Pipeline:
                 attention=attention,
                 mask_dtype=mask_dtype,
                 flash_kwargs=flash_kwargs,
+                provenance=provenance,
             )
         )
 

@@ -7,7 +7,10 @@ The lane composes the concepts of the mixture: the rows at its cursors
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from ..chunk import WorkChunk
 from ..errors import CorruptCheckpoint
@@ -64,6 +67,34 @@ class StaticMixtureLane:
             rows=rows,
             seed=derive_seed(self._seed, self.lane, chunk_id),
         )
+
+    def pointer_epochs(self, chunks: Sequence[WorkChunk]) -> list[np.ndarray] | None:
+        """The dataset epoch of each pointer of ``chunks``, the last consecutive chunks
+        this lane made: cursor ``k`` of dataset ``d`` is position ``lane + C * k`` of its
+        epochs, epoch ``position // N_d``, and walking the chunks back from the lane's
+        cursors gives each pointer's cursor. None when the chunks do not end where the
+        lane stands (they were not its last ones)."""
+        lengths, lane, c = self._src.lengths, self.lane, self.num_lanes
+        cursors = list(self._cursors)
+        expected = self._next_chunk_id - 1
+        out: list[np.ndarray] = []
+        for chunk in reversed(chunks):
+            if chunk.chunk_id != expected:
+                return None
+            expected -= 1
+            comps = np.asarray(chunk.components, dtype=np.int64)
+            epochs = np.empty(len(comps), dtype=np.int64)
+            for d in dict.fromkeys(chunk.components):
+                if not 0 <= d < len(cursors):
+                    return None
+                at = np.flatnonzero(comps == d)
+                cursors[d] -= len(at)
+                if cursors[d] < 0:
+                    return None
+                k = cursors[d] + np.arange(len(at), dtype=np.int64)
+                epochs[at] = (lane + c * k) // lengths[d]
+            out.append(epochs)
+        return out[::-1]
 
     def _check_repetition(self, picks: list[int]) -> None:
         """Warn (once per job and dataset) when a dataset starts repeating while another
