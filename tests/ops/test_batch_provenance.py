@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zephon_core import Pipeline, StaticMixtureWorkSource
-from zephon_core.errors import ContractViolation
+from zephon_core.errors import ConfigError, ContractViolation
 from zephon_core.ops.batch_provenance import COLUMNS
 from zephon_core.testing import assert_resume_equivalent
 from zephon_core.testing.resume import first_difference
@@ -137,6 +137,18 @@ def test_a_checkpoint_resumes_with_provenance_turned_on(cut_with):
     for i, (a, b) in enumerate(zip(reference[57:], tail)):
         assert first_difference(a, b) is None, i
     assert any(b["provenance"][:, 4].max() > 0 for b in tail)  # epochs past the first
+
+
+def test_with_provenance_turns_it_on_for_a_built_pipeline():
+    built = packed(provenance=False)
+    on = built.with_provenance()
+    reference = _take(packed(), 12)
+    for a, b in zip(reference, _take(on, 12)):
+        assert first_difference(a, b) is None
+    assert "provenance" not in _take(on.with_provenance(False), 1)[0]
+    assert "provenance" not in _take(built, 1)[0]  # the description it came from is unchanged
+    with pytest.raises(ConfigError, match="no batch"):
+        Pipeline(_source()).fetch().with_provenance()
 
 
 def test_resume_equivalence_in_process():

@@ -19,6 +19,7 @@ its rules); they are one-line delegations here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -219,6 +220,26 @@ class Pipeline:
         merged = {k: getattr(self, k) for k in _OPTIONS}
         merged.update(options)
         return self._evolve(**_checked_options(merged))
+
+    def with_provenance(self, on: bool = True) -> Pipeline:
+        """A copy whose ``batch`` adds (or, ``on=False``, leaves out) ``provenance``, as
+        ``batch(provenance=on)`` would: for a pipeline a factory built. It changes no
+        other value and no position, and is no part of the fingerprint: a checkpoint
+        of either resumes in the other.
+
+        Raises:
+            ConfigError: the pipeline has no ``batch()``.
+        """
+        on = bool_arg("on", on, where="with_provenance")
+        at = [i for i, op in enumerate(self._ops) if isinstance(op, BatchOp)]
+        if not at:
+            raise ConfigError(
+                "with_provenance(): the pipeline has no batch(); provenance describes the "
+                "rows of a batch"
+            )
+        op = copy.copy(self._ops[at[0]])
+        op.provenance = on
+        return self._evolve(_ops=self._ops[: at[0]] + (op,) + self._ops[at[0] + 1 :])
 
     def bind(
         self,
