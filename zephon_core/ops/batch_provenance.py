@@ -61,10 +61,9 @@ class OriginTable:
 
     def add(self, chunk: WorkChunk, epochs: Any) -> None:
         """Remember ``chunk`` with the epoch of each pointer (None: unknown)."""
-        self._chunks[chunk.chunk_id] = (
-            chunk.rows,
-            None if epochs is None else [int(e) for e in epochs],
-        )
+        if epochs is not None and not isinstance(epochs, list):
+            epochs = [int(e) for e in epochs]  # a source's own sequence (numpy, tuple)
+        self._chunks[chunk.chunk_id] = (chunk.rows, epochs)
 
     def evict_below(self, chunk_id: int) -> None:
         """Forget the chunks below ``chunk_id`` (added in increasing id order)."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ..chunk import WorkChunk
 from ..errors import CorruptCheckpoint
 from ..rng import derive_seed
@@ -68,31 +66,30 @@ class StaticMixtureLane:
             seed=derive_seed(self._seed, self.lane, chunk_id),
         )
 
-    def pointer_epochs(self, chunks: Sequence[WorkChunk]) -> list[np.ndarray] | None:
+    def pointer_epochs(self, chunks: Sequence[WorkChunk]) -> list[list[int]] | None:
         """The dataset epoch of each pointer of ``chunks``, the last consecutive chunks
         this lane made: cursor ``k`` of dataset ``d`` is position ``lane + C * k`` of its
         epochs, epoch ``position // N_d``, and walking the chunks back from the lane's
         cursors gives each pointer's cursor. None when the chunks do not end where the
-        lane stands (they were not its last ones)."""
+        lane stands (they were not its last ones). Plain ints: a chunk holds tens of
+        pointers, where numpy's per-call cost would dominate."""
         lengths, lane, c = self._src.lengths, self.lane, self.num_lanes
         cursors = list(self._cursors)
+        n_ds = len(cursors)
         expected = self._next_chunk_id - 1
-        out: list[np.ndarray] = []
+        out: list[list[int]] = []
         for chunk in reversed(chunks):
             if chunk.chunk_id != expected:
                 return None
             expected -= 1
-            comps = np.asarray(chunk.components, dtype=np.int64)
-            epochs = np.empty(len(comps), dtype=np.int64)
-            for d in dict.fromkeys(chunk.components):
-                if not 0 <= d < len(cursors):
+            comps = chunk.components
+            epochs = [0] * len(comps)
+            for j in range(len(comps) - 1, -1, -1):
+                d = comps[j]
+                if not 0 <= d < n_ds or cursors[d] <= 0:
                     return None
-                at = np.flatnonzero(comps == d)
-                cursors[d] -= len(at)
-                if cursors[d] < 0:
-                    return None
-                k = cursors[d] + np.arange(len(at), dtype=np.int64)
-                epochs[at] = (lane + c * k) // lengths[d]
+                cursors[d] -= 1
+                epochs[j] = (lane + c * cursors[d]) // lengths[d]
             out.append(epochs)
         return out[::-1]
 
