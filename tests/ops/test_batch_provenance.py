@@ -155,6 +155,10 @@ def test_resume_equivalence_in_process():
     assert_resume_equivalent(packed, cut_points=[0, 1, 13, 40], total=70)
 
 
+def test_resume_equivalence_across_two_ranks_and_back_to_one():
+    assert_resume_equivalent(packed, cut_points=[14], total=40, dp_size=2, resume_dp_size=1)
+
+
 @pytest.mark.slow
 def test_resume_equivalence_through_two_dataloader_workers():
     assert_resume_equivalent(packed, cut_points=[0, 21], total=45, num_workers=2)
