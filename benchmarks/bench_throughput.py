@@ -111,7 +111,7 @@ def _all_docs() -> tuple[dict, ...]:
 
 
 # -- Zephon --------------------------------------------------------------------------------
-def zephon_pipeline(fn: Callable, prefetch: int = 3) -> Pipeline:
+def zephon_pipeline(fn: Callable, prefetch: int = 3, provenance: bool = False) -> Pipeline:
     source = StaticMixtureWorkSource(
         {"prose": corpora.prose(), "code": corpora.code()}, WEIGHTS, chunk_size=CHUNK, seed=SEED
     )
@@ -124,7 +124,7 @@ def zephon_pipeline(fn: Callable, prefetch: int = 3) -> Pipeline:
         .split(max_len=SEQ)
         .pack(seq_len=SEQ, bins=BINS)
         .shuffle(buffer_size=SHUFFLE)
-        .batch(batch_size=BATCH)
+        .batch(batch_size=BATCH, provenance=provenance)
     )
 
 
@@ -380,14 +380,14 @@ class _WireProbe(IterableDataset):
             gen.close()
 
 
-def bench_wire(fn: Callable, n: int = 40) -> dict[str, Any]:
+def bench_wire(fn: Callable, n: int = 40, provenance: bool = False) -> dict[str, Any]:
     """Bytes per batch through a worker's pipe, next to the tensors the consumer gets."""
-    pipe = zephon_pipeline(fn)
+    pipe = zephon_pipeline(fn, provenance=provenance)
     loader = DataLoader(
         _WireProbe(pipe.torch_dataset(), n), batch_size=None, num_workers=1, collate_fn=None
     )
     items = list(loader)
-    with zephon_pipeline(fn).iterate() as it:
+    with zephon_pipeline(fn, provenance=provenance).iterate() as it:
         tensors = _arrays(next(it))
     total = [x["item_bytes"] for x in items]
     delta = [x["delta_bytes"] for x in items]

@@ -14,6 +14,7 @@ import bench_hf  # noqa: E402
 import bench_hf_trainer  # noqa: E402
 import bench_mixture  # noqa: E402
 import bench_parquet  # noqa: E402
+import bench_provenance  # noqa: E402
 import bench_runners  # noqa: E402
 import bench_throughput  # noqa: E402
 import bench_vs_grain  # noqa: E402
@@ -30,6 +31,7 @@ if __name__ == "__main__":
                 "runners_gil_bound_map": bench_runners.main(),
                 "mixture_token_share": bench_mixture.main(),
                 "throughput_real_tokenizer": bench_throughput.main(),
+                "provenance_overhead": bench_provenance.main(),
                 "parquet_s3": bench_parquet.main(),
             },
             indent=2,

@@ -88,6 +88,7 @@ def reference_pipeline(
     num_epochs: int | None = None,
     attention: str = "position_ids",
     weights=(0.7, 0.3),
+    provenance: bool = False,
 ) -> Pipeline:
     """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
     return (
@@ -104,7 +105,7 @@ def reference_pipeline(
         .pack(seq_len=seq_len, bins=4)
         .shuffle(buffer_size=16)
         .ensure_mixture(window=8)
-        .batch(batch_size=batch_size, attention=attention)
+        .batch(batch_size=batch_size, attention=attention, provenance=provenance)
     )
 
 

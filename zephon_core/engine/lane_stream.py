@@ -42,6 +42,7 @@ from ..chunk import WorkChunk
 from ..digests.value_digest import value_digest
 from ..errors import ContractViolation, PipelineError, ZephonError
 from ..ops.base import Operator
+from ..ops.batch_provenance import OriginTable
 from ..records import TOMBSTONE, Contributor, Record, SampleCursor
 from ..tracking.eviction import LaneTracker
 from ..tracking.ledger import LaneLedger
@@ -98,6 +99,9 @@ class LaneStream:
         else:
             source = plain_copy(self.source.state_dict()) if plan.checkpointing else {}
             state = LaneState(lane=lane, source=source, tokens=[0] * n_comp)
+        #: with ``batch(provenance=True)``: the dataset row and epoch of each pointer of the
+        #: chunks whose records may still reach batch (``ops/batch_provenance.py``)
+        self.origins = _origin_table(plan, self.source, state.chunks)
         self.replay = deque(state.chunks)
         self.chunks_replayed = len(state.chunks)
         self.next_id = state.next_chunk
@@ -131,6 +135,8 @@ class LaneStream:
         op = self.plan.ops[i].for_lane(self.lane)
         if self.compact_outputs and i == self.plan.batch_index == len(self.plan.ops) - 1:
             op.compact = True  # the consumer builds the batch's tensors (token_batch.py)
+        if i == self.plan.batch_index:
+            op.origins = self.origins
         prior = self.prior
         if (
             prior is not None
@@ -180,6 +186,9 @@ class LaneStream:
                     f"{self.lane}, chunk_id {self.next_id} and at least one pointer"
                 )
             self.next_id += 1
+            if self.origins is not None:
+                epochs = self.plan.source.pointer_epochs(self.source, [chunk])
+                self.origins.add(chunk, None if epochs is None else epochs[0])
             boundary = k > 0 and (chunk.chunk_id + 1) % k == 0
             if checkpointing:
                 ledger.register(chunk, self._source_state(), boundary)
@@ -353,20 +362,27 @@ class LaneStream:
         tracker, track = self.tracker, self.plan.checkpointing
         check = track and self.plan.epoch_based
         digest_outputs = self._digest_outputs
+        origins = self.origins
+        # in cursor order, no record of a chunk below a delivered one's can still come
+        forget_delivered = origins is not None and not self.plan.epoch_based
         for kind, x in events:
             if kind == RECS:
                 for r in x:
                     if r.payload is TOMBSTONE:
                         if track:
                             tracker.close(r.contributors)
-                    elif track:
+                        continue
+                    if forget_delivered:
+                        origins.evict_below(r.cursor.chunk_id)
+                    if track:
                         digest = value_digest(r.payload) if digest_outputs else r.digest
                         yield Output(r.payload, tracker.deliver(r.contributors, r.cursor, digest))
-                        self.clock = perf_counter()
                     else:
                         yield Output(r.payload, None)
-                        self.clock = perf_counter()
+                    self.clock = perf_counter()
             elif kind == FLUSH:
+                if origins is not None:  # every record of the chunks before it went through
+                    origins.evict_below(x)
                 if check:
                     self._check_flushed(x)
             else:
@@ -374,6 +390,19 @@ class LaneStream:
                     self._check_flushed(self.next_id, final=True)
                 yield Output(END_OF_LANE, tracker.finish(self.next_id) if track else None)
                 return
+
+
+def _origin_table(plan: Plan, lane_source: Any, restored: list[WorkChunk]) -> OriginTable | None:
+    """The lane's origin table when its batch adds provenance (None otherwise), holding
+    the restored inflight chunks (their epochs counted back from the restored source)."""
+    batch = plan.ops[plan.batch_index] if plan.batch_index is not None else None
+    if batch is None or not batch.provenance:
+        return None
+    table = OriginTable()
+    epochs = plan.source.pointer_epochs(lane_source, restored) if restored else []
+    for i, chunk in enumerate(restored):
+        table.add(chunk, None if epochs is None else epochs[i])
+    return table
 
 
 def _stage_label(index: int, stage: Stage) -> str:

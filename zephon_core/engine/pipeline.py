@@ -19,6 +19,7 @@ its rules); they are one-line delegations here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -177,6 +178,11 @@ class Pipeline:
         return self._evolve(_ops=self._ops + (op,))
 
     @property
+    def component_names(self) -> tuple[str, ...]:
+        """The source's dataset names: ``batch["provenance"][:, 2]`` indexes them."""
+        return tuple(as_source(self.source).component_names)
+
+    @property
     def operators(self) -> tuple[Operator, ...]:
         """The operator chain, in order."""
         return self._ops
@@ -214,6 +220,26 @@ class Pipeline:
         merged = {k: getattr(self, k) for k in _OPTIONS}
         merged.update(options)
         return self._evolve(**_checked_options(merged))
+
+    def with_provenance(self, on: bool = True) -> Pipeline:
+        """A copy whose ``batch`` adds (or, ``on=False``, leaves out) ``provenance``, as
+        ``batch(provenance=on)`` would: for a pipeline a factory built. It changes no
+        other value and no position, and is no part of the fingerprint: a checkpoint
+        of either resumes in the other.
+
+        Raises:
+            ConfigError: the pipeline has no ``batch()``.
+        """
+        on = bool_arg("on", on, where="with_provenance")
+        at = [i for i, op in enumerate(self._ops) if isinstance(op, BatchOp)]
+        if not at:
+            raise ConfigError(
+                "with_provenance(): the pipeline has no batch(); provenance describes the "
+                "rows of a batch"
+            )
+        op = copy.copy(self._ops[at[0]])
+        op.provenance = on
+        return self._evolve(_ops=self._ops[: at[0]] + (op,) + self._ops[at[0] + 1 :])
 
     def bind(
         self,
@@ -309,9 +335,13 @@ class Pipeline:
         attention: str = "position_ids",
         mask_dtype: str = "float32",
         flash_kwargs: bool = False,
+        provenance: bool = False,
     ) -> Pipeline:
         """Collate into dicts of tensors; for packed rows ``attention`` says how the model
-        learns where documents start (``ops/packed_batch.py``)."""
+        learns where documents start (``ops/packed_batch.py``). ``provenance=True`` adds
+        ``batch["provenance"]``, int64 ``[num_segments, 7]``: per segment of each row its
+        row, offset in the row, dataset (an index into ``component_names``), dataset row,
+        dataset epoch and token range in the document (``ops/batch_provenance.py``)."""
         return self.then(
             BatchOp(
                 batch_size,
@@ -322,6 +352,7 @@ class Pipeline:
                 attention=attention,
                 mask_dtype=mask_dtype,
                 flash_kwargs=flash_kwargs,
+                provenance=provenance,
             )
         )
 

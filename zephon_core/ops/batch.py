@@ -11,6 +11,9 @@ pipeline allows (the ``holds_across_flush`` trait), made safe by the replay filt
 sitting right before batch -- and drops it only at the end of the stream.
 ``drop_last=False`` emits the partial batch at every flush. A batch record takes the
 cursor of its last member, which is what the replay filter matches on resume.
+
+``provenance=True`` adds ``provenance``: the segments that make up each row
+(``batch_provenance.py``).
 """
 
 from __future__ import annotations
@@ -19,15 +22,18 @@ import copy
 import dataclasses
 
 import numpy as np
+import torch
 from torch.utils.data import default_collate
 
 from ..digests.value_digest import Deferred
-from ..errors import ConfigError
+from ..errors import ConfigError, PipelineError
 from ..records import Record
 from ..validate import bool_arg, int_arg
 from .base import OpContext, Operator, OpTraits, check_tokens
+from .batch_provenance import OriginTable, record_segments, segments_array
 from .pack import PackOp
 from .packed_batch import ATTENTION_MODES, MASK_DTYPES
+from .split import SplitOp
 from .token_batch import TokenBatch
 
 
@@ -46,6 +52,7 @@ class BatchOp(Operator):
         attention: str = "position_ids",
         mask_dtype: str = "float32",
         flash_kwargs: bool = False,
+        provenance: bool = False,
     ):
         batch_size = int_arg("batch_size", batch_size, minimum=1, where="batch")
         drop_last = bool_arg("drop_last", drop_last, where="batch")
@@ -60,6 +67,9 @@ class BatchOp(Operator):
         self.attention = attention
         self.mask_dtype = mask_dtype
         self.flash_kwargs = bool_arg("flash_kwargs", flash_kwargs, where="batch")
+        #: add ``provenance`` (``batch_provenance.py``); not in ``describe()``: it changes
+        #: no other value and no position, so a checkpoint resumes with it on or off
+        self.provenance = bool_arg("provenance", provenance, where="batch")
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.seq_len = seq_len
@@ -68,6 +78,9 @@ class BatchOp(Operator):
         self.key = key
         self.name = name
         self._buf: list[Record] = []
+        self._segs: list[list[tuple]] = []  # with provenance: each buffered row's segments
+        #: the lane's chunks (set on a lane's instance when provenance is on)
+        self.origins: OriginTable | None = None
         #: emit a TokenBatch (tensors built by the consumer); set on a worker's last op
         self.compact = False
         # counters of this lane's instance (the instance lives for the whole run)
@@ -81,6 +94,9 @@ class BatchOp(Operator):
             self._width = packs[-1].seq_len if packs else None
         #: rows are packed documents (the model must be told where each one starts)
         self.packed = bool(packs)
+        splits = [op for op in ctx.upstream if isinstance(op, SplitOp) and op.key == self.key]
+        #: fragment ``i`` of a document starts at token ``i * max_len`` (provenance)
+        self._split_len = splits[-1].max_len if splits else None
 
     @property
     def width(self) -> int | None:
@@ -92,12 +108,16 @@ class BatchOp(Operator):
         new = copy.copy(self)  # cheaper than the default deep copy
         new.ctx = dataclasses.replace(self.ctx, lane=lane)
         new._buf = []
+        new._segs = []
+        new.origins = None
         new.rows = new.pad_tokens = new.total_tokens = 0
         return new
 
     def process(self, record: Record) -> list[Record]:
         buf = self._buf
         buf.append(record)
+        if self.provenance:  # now: after a flush the lane forgets the record's chunk
+            self._segs.append(self._segments(record))
         if len(buf) < self.batch_size:
             return []
         self._buf = []
@@ -115,8 +135,26 @@ class BatchOp(Operator):
         if not buf:
             return []
         if self.drop_last:
+            self._segs = []
             return [r.to_tombstone() for r in buf]
         return [self._collate(buf)]
+
+    def _segments(self, record: Record) -> list[tuple]:
+        if self.origins is None:
+            raise PipelineError(
+                f"{self.name}(provenance=True) runs outside a lane (no origin table); "
+                "iterate the pipeline instead of calling the operator"
+            )
+        payload = record.payload
+        tokens = payload.get(self.key) if isinstance(payload, dict) else None
+        length = None if tokens is None else len(tokens)
+        return record_segments(self.name, record, length, self.origins, self._split_len)
+
+    def _provenance(self) -> np.ndarray | None:
+        if not self.provenance:
+            return None
+        segs, self._segs = self._segs, []
+        return segments_array(segs)
 
     def held(self) -> list[Record]:
         return list(self._buf)
@@ -131,6 +169,14 @@ class BatchOp(Operator):
             payload = self._collate_tokens(records)
         else:
             payload = default_collate(payloads)
+            provenance = self._provenance()
+            if provenance is not None:
+                if not isinstance(payload, dict):
+                    raise ConfigError(
+                        f"{self.name}(provenance=True) adds a key to the batch, but these "
+                        f"records collate to a {type(payload).__name__}: emit dicts"
+                    )
+                payload["provenance"] = torch.from_numpy(provenance)
         # the last member is what the replay filter finds on resume: its digest lets it
         # check values, not only the position (computed when a state is taken)
         last = records[-1]
@@ -171,6 +217,7 @@ class BatchOp(Operator):
             self.attention,
             self.mask_dtype,
             self.flash_kwargs,
+            self._provenance(),
         )
         # in a DataLoader worker the training process builds the tensors (token_batch.py)
         return tb.for_wire() if self.compact else tb.build()

@@ -41,7 +41,8 @@ class TokenBatch:
 
     ``tokens`` every row's real tokens back to back (1-D), ``lens`` [B] tokens per row,
     ``width`` the padded row length, ``pad_id``; ``seglens`` each packed row's segment
-    lengths (None: rows are not packed).
+    lengths (None: rows are not packed); ``provenance`` the rows' segments, int64
+    ``[S, 7]`` (``batch_provenance.py``; None: not asked for).
     """
 
     tokens: np.ndarray
@@ -52,9 +53,16 @@ class TokenBatch:
     attention: str
     mask_dtype: str
     flash_kwargs: bool
+    provenance: np.ndarray | None = None
 
     def build(self) -> dict[str, torch.Tensor]:
         """The batch's tensors (``batch.py``'s module docstring says what each holds)."""
+        out = self._tensors()
+        if self.provenance is not None:
+            out["provenance"] = torch.from_numpy(self.provenance)
+        return out
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
         b = len(self.lens)
         ids = np.full((b, self.width), self.pad_id, dtype=np.int64)
         at = 0
@@ -76,5 +84,5 @@ class TokenBatch:
         """This batch with its tokens narrowed for the pipe (values unchanged)."""
         return TokenBatch(
             narrow(self.tokens), self.lens, self.width, self.pad_id, self.seglens,
-            self.attention, self.mask_dtype, self.flash_kwargs,
+            self.attention, self.mask_dtype, self.flash_kwargs, self.provenance,
         )  # fmt: skip

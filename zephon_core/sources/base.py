@@ -160,6 +160,13 @@ class Source:
         """Reads, cache hits and retries per component that counts them (default: {})."""
         return {}
 
+    def pointer_epochs(self, lane: WorkSource, chunks: Sequence[WorkChunk]) -> list[Any] | None:
+        """The dataset epoch of every pointer of ``chunks`` -- the last chunks ``lane``
+        (one of this source's lanes) produced, consecutive, ending where it stands now --
+        one sequence of ints per chunk; None when unknown (the default: a batch's
+        provenance then reports epoch -1)."""
+        return None
+
     # -- optional: content and lengths ----------------------------------------------------
 
     def content_fingerprints(self) -> dict[str, str]:

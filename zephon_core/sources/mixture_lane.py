@@ -7,6 +7,7 @@ The lane composes the concepts of the mixture: the rows at its cursors
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..chunk import WorkChunk
@@ -64,6 +65,33 @@ class StaticMixtureLane:
             rows=rows,
             seed=derive_seed(self._seed, self.lane, chunk_id),
         )
+
+    def pointer_epochs(self, chunks: Sequence[WorkChunk]) -> list[list[int]] | None:
+        """The dataset epoch of each pointer of ``chunks``, the last consecutive chunks
+        this lane made: cursor ``k`` of dataset ``d`` is position ``lane + C * k`` of its
+        epochs, epoch ``position // N_d``, and walking the chunks back from the lane's
+        cursors gives each pointer's cursor. None when the chunks do not end where the
+        lane stands (they were not its last ones). Plain ints: a chunk holds tens of
+        pointers, where numpy's per-call cost would dominate."""
+        lengths, lane, c = self._src.lengths, self.lane, self.num_lanes
+        cursors = list(self._cursors)
+        n_ds = len(cursors)
+        expected = self._next_chunk_id - 1
+        out: list[list[int]] = []
+        for chunk in reversed(chunks):
+            if chunk.chunk_id != expected:
+                return None
+            expected -= 1
+            comps = chunk.components
+            epochs = [0] * len(comps)
+            for j in range(len(comps) - 1, -1, -1):
+                d = comps[j]
+                if not 0 <= d < n_ds or cursors[d] <= 0:
+                    return None
+                cursors[d] -= 1
+                epochs[j] = (lane + c * cursors[d]) // lengths[d]
+            out.append(epochs)
+        return out[::-1]
 
     def _check_repetition(self, picks: list[int]) -> None:
         """Warn (once per job and dataset) when a dataset starts repeating while another

@@ -434,6 +434,11 @@ class StaticMixtureWorkSource(Source):
         """(documents scheduled per dataset, tokens scheduled) by one lane's state."""
         return lane_scheduled(lane_state)
 
+    def pointer_epochs(self, lane: WorkSource, chunks: Sequence[WorkChunk]) -> list[Any] | None:
+        """The epoch of each pointer of ``chunks``, the last consecutive chunks ``lane``
+        made (counted back from its cursors; ``StaticMixtureLane.pointer_epochs``)."""
+        return lane.pointer_epochs(chunks) if isinstance(lane, StaticMixtureLane) else None
+
     def resumes_at(self, lane: WorkSource) -> int | None:
         """The chunk id ``lane`` (one of this source's) continues at."""
         return lane.next_chunk_id if isinstance(lane, StaticMixtureLane) else None

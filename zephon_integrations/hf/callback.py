@@ -27,6 +27,9 @@ What it takes care of (transformers 5.x / accelerate traps):
 * A finite stream that ends before ``max_steps`` ends training at that step
   (``stream_end.py``); options that do not apply to a stream are named once
   (``ignored_options.py``).
+* ``batch(provenance=True)``: the ``provenance`` of each batch is taken out before the
+  batch is cut into rows (the Trainer's collator could not stack it, the model takes no
+  such argument) and, at each step's end, ``callback.provenance`` holds the step's.
 """
 
 from __future__ import annotations
@@ -138,6 +141,10 @@ class ZephonCallback(TrainerCallback):
         self._prefetch_factor: int | None = None  # the Trainer's, for Zephon's workers
         self._stream_end = StreamEnd("ZephonCallback")
         self._restore_line: ExitStack | None = None  # the Trainer's log shows it in train()
+        #: with ``batch(provenance=True)``: the ``provenance`` tensor of each Zephon batch
+        #: this process read for the last optimizer step (set in ``on_step_end``; with
+        #: accelerate dispatching, rank 0 holds every rank's, micro-step by micro-step)
+        self.provenance: list[Any] = []
 
     # -- setup --------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -266,6 +273,7 @@ class ZephonCallback(TrainerCallback):
 
     # -- saving -------------------------------------------------------------------------
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._take_provenance(args, state)
         # Merge before the Trainer saves: rank 0 may then spend minutes writing the model
         # while the other ranks would wait for it inside the aggregation round.
         if control.should_save:
@@ -289,6 +297,22 @@ class ZephonCallback(TrainerCallback):
             )
         elif merged is not None and args.should_save:
             write_state(where, merged)
+
+    def _take_provenance(self, args: Any, state: Any) -> None:
+        """The provenance of the outputs the step that just ended consumed (the readers
+        run ahead: later outputs stay queued for their own step)."""
+        feed = self.train_dataset.feed
+        if feed is None or not feed.provenance:
+            self.provenance = []
+            return
+        per_step = args.gradient_accumulation_steps * self._outputs_per_micro_step
+        end = (state.global_step - self._start_step) * per_step
+        queued = feed.provenance
+        self.provenance = []
+        while queued and queued[0][0] < end:
+            n, tensor = queued.popleft()
+            if n >= end - per_step:
+                self.provenance.append(tensor)
 
     def _merged_state(self, args: Any, state: Any) -> dict[str, Any] | None:
         layout = self._layout

@@ -15,8 +15,9 @@ others -- the shard discards those slots unread.
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -47,6 +48,9 @@ class Feed:
         slot: this rank's slot in the group.
         slot_rows: rows per slot (the Trainer's per-device batch size).
         ended: this process's stream ended (a finite pipeline).
+        provenance: ``(output number, provenance tensor)`` of the outputs read, taken out
+            of them before they are cut into rows (``batch(provenance=True)``); the
+            callback keeps a step's and drops older ones.
     """
 
     loader: DataLoader | None
@@ -55,6 +59,7 @@ class Feed:
     slot: int = 0
     slot_rows: int = 1
     ended: bool = False
+    provenance: deque = field(default_factory=deque)
 
 
 class ZephonRows(IterableDataset):
@@ -91,7 +96,7 @@ def _rows(feed: Feed) -> Iterator[Any]:
     # a generator: ranks that read nothing may create the iterator, never advance it
     if feed.loader is None:
         raise ConfigError("this rank does not read the Zephon stream (rank 0 dispatches)")
-    own = _unbatch(feed.loader, feed.rows_per_output)
+    own = _unbatch(feed.loader, feed.rows_per_output, feed.provenance)
     if feed.slots == 1:
         yield from own
         feed.ended = True
@@ -107,8 +112,12 @@ def _rows(feed: Feed) -> Iterator[Any]:
             yield from mine if slot == feed.slot else filler
 
 
-def _unbatch(loader: DataLoader, rows: int) -> Iterator[Any]:
-    for out in loader:
+def _unbatch(loader: DataLoader, rows: int, provenance: deque) -> Iterator[Any]:
+    for n, out in enumerate(loader):
+        if isinstance(out, dict) and "provenance" in out:
+            # segments per batch, not per row: the Trainer's collator could not stack them
+            out = dict(out)
+            provenance.append((n, out.pop("provenance")))
         if rows == 1:
             yield out
             continue

@@ -10,7 +10,9 @@ all lanes right after the batches the saved optimizer steps consumed -- and
 What the checkpoint lacks for a bit-identical run (RNG, optimizer) is logged as a
 WARNING; a finite stream that ends before ``max_steps`` ends training at that step
 (``stream_end.py``); options that do not apply to a stream are named once
-(``ignored_options.py``).
+(``ignored_options.py``). A ``batch(provenance=True)`` batch's ``provenance`` is taken out
+before the model call and kept in ``trainer.zephon_provenance`` (one tensor per
+micro-batch of the current optimizer step).
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ class ZephonTrainer(Trainer):
         self._zephon_served = 0  # batches of the current loader that reached training_step
         self._zephon_rng_from: str | None = None
         self._zephon_cache_off: list[Any] = []  # configs whose KV cache train() turned off
+        #: with ``batch(provenance=True)``: the ``provenance`` tensor of each micro-batch
+        #: of the current optimizer step (complete in ``on_step_end``), taken out of the
+        #: inputs before the model sees them
+        self.zephon_provenance: list[Any] = []
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's logs plus the ``zephon/*`` mixture metrics, before any reporting
@@ -143,6 +149,11 @@ class ZephonTrainer(Trainer):
             self._load_rng_state(self._zephon_rng_from)
             self._zephon_rng_from = None
         self._zephon_served += 1
+        if isinstance(inputs, dict) and "provenance" in inputs:
+            # the model takes no such argument; the step's micro-batches keep it readable
+            if (self._zephon_served - 1) % self.args.gradient_accumulation_steps == 0:
+                self.zephon_provenance = []
+            self.zephon_provenance.append(inputs.pop("provenance"))
         return super().training_step(model, inputs, *args, **kwargs)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):

@@ -28,6 +28,9 @@ What it takes care of (Lightning 2.x traps):
   ends the fit with a warning (``stream_end.py``).
 * ``allow_changes`` accepts a deliberate change at resume (re-mixed weights, edited data
   or functions), as ``Pipeline.load_state_dict(allow_changes=...)`` does.
+* ``batch(provenance=True)``: each training batch's ``provenance`` is taken out before
+  Lightning moves the batch to the device; ``training_step`` reads it as
+  ``self.trainer.datamodule.provenance``.
 * Packed rows told apart by ``position_ids`` (the default): every Transformers model in
   the LightningModule -- also one built in its ``setup`` or ``configure_model`` -- gets
   ``config.use_cache = False`` at fit start, with a warning, and it back at fit end --
@@ -175,6 +178,10 @@ class ZephonDataModule(pl.LightningDataModule):
         self._meter = _Meter()
         self._logged_step = -1  # the last global step whose data metrics were logged
         self._restore_line: ExitStack | None = None  # Lightning shows it during fit
+        #: with ``batch(provenance=True)``: the ``provenance`` tensor of the batch the
+        #: current (or last) ``training_step`` received, taken out of the batch before
+        #: Lightning moves it to the device
+        self.provenance: torch.Tensor | None = None
 
     # -- building -------------------------------------------------------------------
     def _build(self) -> Pipeline:
@@ -255,6 +262,9 @@ class ZephonDataModule(pl.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = self._trainer_or_none()
         if trainer is not None and trainer.training:
+            if isinstance(batch, dict) and "provenance" in batch:
+                # data about the batch, not model input: kept here, read in training_step
+                self.provenance = batch.pop("provenance")
             self.steps.start(trainer)  # counts the batch; the RNG this step draws from
             self._meter.observe(batch)
             self._log_metrics(trainer)
