@@ -103,6 +103,9 @@ def encode(state: PipelineState, num_lanes: int) -> dict[str, Any]:
         "config": d["config"],
         "content": d["content"],
     }
+    for key in ("skip", "exclude"):  # the run's recorded data changes, when it has any
+        if key in d:
+            meta[key] = d[key]
     slots = {
         slot_key((lane["lane"] - position) % num_lanes): msgpack.packb(lane, use_bin_type=True)
         for lane in d["lanes"]
@@ -211,6 +214,9 @@ def _parse(
     }
     if meta["state_version"] >= 3:
         merged_shape["zephon_version"] = meta.get("zephon_version")
+        for key in ("skip", "exclude"):
+            if key in meta:
+                merged_shape[key] = meta[key]
     if meta["state_version"] != STATE_VERSION:
         raise IncompatibleCheckpoint(
             f"per-rank lane states of schema version {meta['state_version']}: this Zephon "

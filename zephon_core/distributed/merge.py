@@ -114,6 +114,9 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
     missing = sorted(set(range(num_lanes)) - set(lanes))
     if missing:
         raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")
-    merged = PipelineState(first.fingerprint, first.config, first.position, lanes, first.content)
+    merged = PipelineState(
+        first.fingerprint, first.config, first.position, lanes, first.content,
+        changes=first.changes,
+    )  # fmt: skip
     check_progress(merged, num_lanes)
     return merged
