@@ -134,3 +134,21 @@ def test_exclude_refusals(cut):
     lane["chunks"][0] = chunk[:4] + [[0]] if len(chunk) == 4 else chunk[:4]
     with pytest.raises(CorruptCheckpoint, match="does not match its digest"):
         reference_pipeline().iterate(restore=s2)
+
+
+@pytest.mark.slow
+def test_excluding_through_dataloader_workers_equals_in_process(cut):
+    _, state = cut
+    excluded = sorted(set(range(len(PROSE))) - _inflight(state))
+    kw = {"exclude": {"prose": excluded}, "allow_changes": {"exclude"}}
+    it = reference_pipeline().iterate(restore=state, **kw)
+    want = _take(it, 30)
+    it.close()
+    loader = reference_pipeline().dataloader(num_workers=2, restore=state, **kw)
+    got = _take(iter(loader), 15)
+    s2 = _through_bytes(loader.checkpoint())
+    loader.close()
+    loader = reference_pipeline().dataloader(num_workers=2, restore=s2)
+    got += _take(iter(loader), 15)
+    loader.close()
+    assert_streams_equal(want, got, "2 workers, excluding, resumed")

@@ -197,3 +197,30 @@ def test_inspect_shows_the_recorded_skips_and_exclusions(tmp_path):
     assert "excluded from code: 2 rows (1, 3)" in text.output
     js = CliRunner().invoke(cli, ["inspect", "--json", str(tmp_path / "state.zst")])
     assert '"skipped": [\n    [\n      2,\n      5\n    ]\n  ]' in js.output
+
+
+def test_ranks_following_different_skips_do_not_merge():
+    from zephon_core.distributed import merge_local_checkpoints
+
+    def rank(r: int, **kw):
+        pipe = reference_pipeline().bind(rank=r, world_size=2, dp_rank=r, dp_size=2)
+        return pipe.iterate(**kw)
+
+    handles = [rank(0, skip_batches=[(4, 6)]), rank(1)]
+    reports = [h.local_checkpoint() for h in handles]
+    for h in handles:
+        h.close()
+    with pytest.raises(IncompatibleCheckpoint, match="same skip_batches and exclude"):
+        merge_local_checkpoints(reports, 4)
+
+
+def test_integrations_check_the_values_when_built():
+    from zephon_integrations.allow_changes import checked_data_changes
+
+    with pytest.raises(ConfigError, match=r"ZephonCallback\(...\): skip_batches"):
+        checked_data_changes([(3, 1)], None, "ZephonCallback")
+    assert checked_data_changes([(5, 7), (1, 2)], {"web": [3, 1, 3]}, "X") == (
+        [(1, 2), (5, 7)],
+        {"web": [1, 3]},
+    )
+    assert checked_data_changes(None, None, "X") == (None, None)
