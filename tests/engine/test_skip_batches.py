@@ -224,3 +224,19 @@ def test_integrations_check_the_values_when_built():
         {"web": [1, 3]},
     )
     assert checked_data_changes(None, None, "X") == (None, None)
+
+
+def test_only_states_that_record_changes_are_written_as_schema_4():
+    """Earlier releases read schema 3 and refuse 4 by its version, naming the writer."""
+    it = reference_pipeline().iterate()
+    _take(it, 2)
+    plain = it.checkpoint()
+    it.close()
+    assert plain["version"] == 3 and "skip" not in plain and "exclude" not in plain
+    it = reference_pipeline().iterate(restore=plain, skip_batches=[(4, 6)], **ALLOW)
+    recorded = it.checkpoint()
+    it.close()
+    assert recorded["version"] == 4 and recorded["skip"] == [[4, 6]]
+    recorded["version"] = 3  # the keys of schema 4 under 3: refused as malformed
+    with pytest.raises(CorruptCheckpoint, match="unexpected keys"):
+        reference_pipeline().iterate(restore=recorded)

@@ -57,8 +57,12 @@ from .data_changes import NO_CHANGES, DataChanges
 
 FORMAT = "zephon.pipeline_state"
 VERSION = 3
+#: written instead of ``VERSION`` by a state that records skipped positions or excluded
+#: rows (``data_changes.py``) or holds a chunk read with drops: a release that cannot
+#: follow them refuses it by its version, naming the release that wrote it
+CHANGES_VERSION = 4
 #: the schema versions this Zephon reads
-READS = (1, 2, VERSION)
+READS = (1, 2, VERSION, CHANGES_VERSION)
 
 _LANE_KEYS_V1 = frozenset(
     {
@@ -76,9 +80,11 @@ _LANE_KEYS_V1 = frozenset(
 )
 _LANE_KEYS = {1: _LANE_KEYS_V1, 2: _LANE_KEYS_V1 | {"digest"}}
 _LANE_KEYS[3] = _LANE_KEYS[2] | {"chunk_digests"}
+_LANE_KEYS[4] = _LANE_KEYS[3]
 _TOP_KEYS_V1 = frozenset({"format", "version", "fingerprint", "config", "position", "lanes"})
 _TOP_KEYS = {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V1 | {"content"}}
 _TOP_KEYS[3] = _TOP_KEYS[2] | {"zephon_version"}
+_TOP_KEYS[4] = _TOP_KEYS[3]
 #: written only when a run skips positions or excludes rows (``data_changes.py``)
 _OPTIONAL_TOP_KEYS = frozenset({"skip", "exclude"})
 
@@ -321,7 +327,7 @@ class PipelineState:
     changes: DataChanges = NO_CHANGES
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "version": VERSION,
             "zephon_version": __version__,
@@ -333,6 +339,8 @@ class PipelineState:
             "position": self.position,
             "lanes": [self.lanes[k].to_dict() for k in sorted(self.lanes)],
         } | self.changes.to_state()
+        out["version"] = written_version(out)
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> PipelineState:
@@ -347,10 +355,10 @@ class PipelineState:
             by = f" (written by Zephon {writer})" if isinstance(writer, str) else ""
             raise IncompatibleCheckpoint(
                 f"checkpoint schema version {version!r}{by}: this Zephon ({__version__}) "
-                f"reads versions {READS[0]} to {VERSION} and cannot resume it; resume with "
+                f"reads versions {READS[0]} to {READS[-1]} and cannot resume it; resume with "
                 f"the Zephon release that wrote it{' (' + writer + ')' if by else ''}"
             )
-        optional = {k for k in _OPTIONAL_TOP_KEYS if k in d} if version >= 3 else set()
+        optional = {k for k in _OPTIONAL_TOP_KEYS if k in d} if version >= 4 else set()
         _check_keys(d, _TOP_KEYS[version] | optional, "pipeline state")
         written_by = d.get("zephon_version")
         if version >= 3 and not isinstance(written_by, str):
@@ -384,6 +392,17 @@ class PipelineState:
             written_by=written_by,
             changes=DataChanges.from_state(d),
         )
+
+
+def written_version(d: dict[str, Any]) -> int:
+    """The schema version a state dict is written with: ``CHANGES_VERSION`` when it
+    records data changes or a chunk carries drops, else ``VERSION`` (what earlier releases
+    read)."""
+    if any(k in d for k in _OPTIONAL_TOP_KEYS) or any(
+        len(c) > 4 for lane in d["lanes"] for c in lane["chunks"]
+    ):
+        return CHANGES_VERSION
+    return VERSION
 
 
 def _content(c: Any) -> dict[str, Any]:
