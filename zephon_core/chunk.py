@@ -22,6 +22,8 @@ class WorkChunk:
         components: dataset index of each offset (the "component order").
         rows: row index inside that dataset, per offset.
         seed: 64-bit per-chunk seed derived from (pipeline seed, lane, chunk_id).
+        dropped: offsets an exclusion (``exclude=``) removed when the chunk was read;
+            they become tombstones. Stored with the chunk, so a replay drops the same.
     """
 
     lane: int
@@ -29,6 +31,7 @@ class WorkChunk:
     components: tuple[int, ...]
     rows: tuple[int, ...]
     seed: int
+    dropped: tuple[int, ...] = ()
 
     @property
     def pointers(self) -> list[tuple[int, int]]:
@@ -38,12 +41,25 @@ class WorkChunk:
         return len(self.rows)
 
     def to_state(self) -> list:
-        return [self.chunk_id, self.seed, list(self.components), list(self.rows)]
+        out = [self.chunk_id, self.seed, list(self.components), list(self.rows)]
+        if self.dropped:  # absent unless an exclusion dropped rows: earlier states read
+            out.append(list(self.dropped))
+        return out
 
     @classmethod
     def from_state(cls, lane: int, state: list) -> WorkChunk:
         try:
-            chunk_id, seed, components, rows = state
+            if not isinstance(state, (list, tuple)) or len(state) not in (4, 5):
+                raise ValueError("a chunk is [chunk_id, seed, components, rows(, dropped)]")
+            chunk_id, seed, components, rows = state[:4]
+            dropped = tuple(state[4]) if len(state) == 5 else ()
+            if dropped and (
+                not all(type(x) is int for x in dropped)
+                or list(dropped) != sorted(set(dropped))
+                or dropped[0] < 0
+                or dropped[-1] >= len(rows)
+            ):
+                raise ValueError(f"dropped offsets {list(dropped)[:8]} are not sorted offsets")
             if not isinstance(components, (list, tuple)) or not isinstance(rows, (list, tuple)):
                 raise ValueError("components and rows must be lists")
             if len(components) != len(rows) or not rows:
@@ -54,6 +70,6 @@ class WorkChunk:
             if not (all(type(x) is int for x in values) and min(values) >= 0):
                 for x in values:
                     int_arg("pointer", x, minimum=0, error=ValueError)
-            return cls(lane, int(chunk_id), tuple(components), tuple(rows), int(seed))
+            return cls(lane, int(chunk_id), tuple(components), tuple(rows), int(seed), dropped)
         except (TypeError, ValueError) as e:
             raise CorruptCheckpoint(f"invalid work chunk in lane {lane}: {e}") from e

@@ -9,18 +9,37 @@ callback or trainer is built, not at a resume hours into a job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
-from zephon_core import IncompatibleCheckpoint
+from zephon_core import ConfigError, IncompatibleCheckpoint
+from zephon_core.checkpoint.data_changes import normalize_exclude, normalize_skips
 from zephon_core.checkpoint.restore import allowed_changes
 
-__all__ = ["checked", "named_in_refusals"]
+__all__ = ["checked", "checked_data_changes", "named_in_refusals"]
 
 
 def checked(allow_changes: Iterable[str], owner: str) -> frozenset[str]:
     """The names, validated (``owner``: e.g. ``"ZephonCallback"``, for the message)."""
     return allowed_changes(allow_changes, f"{owner}(allow_changes=...)")
+
+
+def checked_data_changes(
+    skip_batches: Any, exclude: Any, owner: str
+) -> tuple[list[tuple[int, int]] | None, dict[str, list[int]] | None]:
+    """``skip_batches`` / ``exclude`` validated when the integration is built (None stays
+    None: the checkpoint's recorded decisions hold)."""
+    try:
+        skip = None if skip_batches is None else list(normalize_skips(skip_batches))
+        rows = None if exclude is None else _rows(exclude)
+    except ConfigError as e:
+        raise ConfigError(f"{owner}(...): {e}") from e
+    return skip, rows
+
+
+def _rows(exclude: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
+    return {name: list(rows) for name, rows in normalize_exclude(exclude)}
 
 
 @contextmanager

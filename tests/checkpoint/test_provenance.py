@@ -14,7 +14,7 @@ import golden
 import pytest
 
 from zephon_core import IncompatibleCheckpoint, Pipeline, __version__
-from zephon_core.checkpoint.state import VERSION, PipelineState
+from zephon_core.checkpoint.state import READS, VERSION, PipelineState
 from zephon_core.digests.fingerprint import fingerprint
 from zephon_core.testing import take
 
@@ -86,12 +86,12 @@ def test_a_change_of_the_users_own_pipeline_says_nothing_about_releases(state):
 
 def test_a_newer_schema_names_the_release_that_wrote_it(state):
     newer = copy.deepcopy(state)
-    newer["version"], newer["zephon_version"] = VERSION + 1, "9.0.0"
+    newer["version"], newer["zephon_version"] = READS[-1] + 1, "9.0.0"
     with pytest.raises(IncompatibleCheckpoint) as e:
         golden.build().load_state_dict(newer)
     msg = str(e.value)
-    assert f"schema version {VERSION + 1} (written by Zephon 9.0.0)" in msg
-    assert f"this Zephon ({__version__}) reads versions 1 to {VERSION}" in msg
+    assert f"schema version {READS[-1] + 1} (written by Zephon 9.0.0)" in msg
+    assert f"this Zephon ({__version__}) reads versions 1 to {READS[-1]}" in msg
 
 
 def test_every_reader_sees_the_previous_releases_configuration_migrated(state):

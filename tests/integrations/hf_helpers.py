@@ -153,11 +153,13 @@ def hf_train(
     resume: str | bool | None = None,
     crash_at: int | None = None,
     allow_changes: Iterable[str] = (),
+    zephon_kwargs: dict | None = None,
     **args,
 ) -> tuple[list[str], list[tuple[int, float]], Trainer]:
     """One ``train()`` of the recording tiny GPT-2 on one process through ``path`` (one of
     ``PATHS``); returns the batch fingerprints it trained on, the loss of every step and
-    the Trainer. ``args`` go to ``TrainingArguments`` (default: save every 3 steps)."""
+    the Trainer. ``args`` go to ``TrainingArguments`` (default: save every 3 steps);
+    ``zephon_kwargs`` to ZephonCallback / ZephonTrainer (``skip_batches=``, ...)."""
     from zephon_integrations.hf import ZephonCallback, ZephonTrainer
 
     model = tiny_model()
@@ -178,6 +180,7 @@ def hf_train(
         }
     )
     changes = {"allow_changes": allow_changes} if allow_changes else {}
+    changes.update(zephon_kwargs or {})
     if path == "trainer":
         trainer = ZephonTrainer(
             model=model, args=args, pipeline=pipeline, callbacks=callbacks, **changes

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..validate import is_int
-from .state import PipelineState, plain_copy
+from .state import PipelineState, plain_copy, written_version
 
 
 class LaneHead(NamedTuple):
@@ -60,6 +60,7 @@ class OwnedLanesState(PipelineState):
         out = super().to_dict()
         lanes = out["lanes"] + [plain_copy(d) for d in self.others]
         out["lanes"] = sorted(lanes, key=lambda d: d["lane"])
+        out["version"] = written_version(out)  # the other lanes may hold chunks with drops
         return out
 
     def without_digests(self) -> OwnedLanesState:

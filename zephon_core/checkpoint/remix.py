@@ -217,7 +217,7 @@ def _remix_lane(ls: LaneState, old_names, new_names, index, translate, prior) ->
                 "(nothing new is read from it) and remove it at a later checkpoint"
             )
         components = tuple(index[c] for c in ch.components)
-        chunks.append(WorkChunk(ch.lane, ch.chunk_id, components, ch.rows, ch.seed))
+        chunks.append(WorkChunk(ch.lane, ch.chunk_id, components, ch.rows, ch.seed, ch.dropped))
     tokens = [0] * len(new_names)
     for d, t in enumerate(ls.tokens):
         if index.get(d) is not None:

@@ -107,7 +107,7 @@ def accept_resized(state: PipelineState, plan: Any) -> PipelineState:
                 for c, r in zip(ch.components, ch.rows, strict=True)
             )
             wrapped += sum(a != b for a, b in zip(rows, ch.rows, strict=True))
-            chunks.append(WorkChunk(ch.lane, ch.chunk_id, ch.components, rows, ch.seed))
+            chunks.append(WorkChunk(ch.lane, ch.chunk_id, ch.components, rows, ch.seed, ch.dropped))
         new = ls.copy()
         new.chunks = chunks
         lanes[lane] = new

@@ -40,6 +40,7 @@ from ..digests.content_diff import content_changes, content_diff
 from ..digests.fingerprint import config_diff
 from ..errors import ConfigError, CorruptCheckpoint, IncompatibleCheckpoint, ZephonError
 from ..validate import is_int
+from .data_changes import DATA_CHANGES
 from .legacy_content import function_fix, is_legacy, still_differ
 from .owned_lanes import OwnedLanesState, lane_heads
 from .provenance import version_note
@@ -50,7 +51,7 @@ from .state import LaneState, PipelineState, check_chunk_digests, check_progress
 __all__ = ["ALLOWED_CHANGES", "admit", "admit_owned", "allowed_changes", "content_changes"]
 
 #: what ``allow_changes=`` may name
-ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES
+ALLOWED_CHANGES = frozenset({"data", "functions"}) | REMIX_CHANGES | DATA_CHANGES
 
 
 def admit(

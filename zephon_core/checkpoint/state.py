@@ -53,11 +53,16 @@ from ..digests.value_digest import Deferred, resolve
 from ..errors import ContractViolation, CorruptCheckpoint, IncompatibleCheckpoint
 from ..records import SampleCursor
 from ..validate import is_int
+from .data_changes import NO_CHANGES, DataChanges
 
 FORMAT = "zephon.pipeline_state"
 VERSION = 3
+#: written instead of ``VERSION`` by a state that records skipped positions or excluded
+#: rows (``data_changes.py``) or holds a chunk read with drops: a release that cannot
+#: follow them refuses it by its version, naming the release that wrote it
+CHANGES_VERSION = 4
 #: the schema versions this Zephon reads
-READS = (1, 2, VERSION)
+READS = (1, 2, VERSION, CHANGES_VERSION)
 
 _LANE_KEYS_V1 = frozenset(
     {
@@ -75,9 +80,13 @@ _LANE_KEYS_V1 = frozenset(
 )
 _LANE_KEYS = {1: _LANE_KEYS_V1, 2: _LANE_KEYS_V1 | {"digest"}}
 _LANE_KEYS[3] = _LANE_KEYS[2] | {"chunk_digests"}
+_LANE_KEYS[4] = _LANE_KEYS[3]
 _TOP_KEYS_V1 = frozenset({"format", "version", "fingerprint", "config", "position", "lanes"})
 _TOP_KEYS = {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V1 | {"content"}}
 _TOP_KEYS[3] = _TOP_KEYS[2] | {"zephon_version"}
+_TOP_KEYS[4] = _TOP_KEYS[3]
+#: written only when a run skips positions or excludes rows (``data_changes.py``)
+_OPTIONAL_TOP_KEYS = frozenset({"skip", "exclude"})
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +106,12 @@ def chunk_digest(chunk: WorkChunk) -> int:
     next to each inflight chunk, so a pointer that changed after the save is caught at
     admission instead of replaying another document."""
     n = 2 + 2 * len(chunk.rows)
-    return zlib.crc32(
+    crc = zlib.crc32(
         struct.pack(f"<{n}Q", chunk.chunk_id, chunk.seed, *chunk.components, *chunk.rows)
     )
+    if chunk.dropped:  # offsets an exclusion dropped when it was read (data_changes.py)
+        crc = zlib.crc32(struct.pack(f"<{len(chunk.dropped)}Q", *chunk.dropped), crc)
+    return crc
 
 
 def turns_of_lane(lane: int, position: int, num_lanes: int) -> int:
@@ -310,9 +322,12 @@ class PipelineState:
     #: the Zephon release that wrote the state (None: written before states recorded it);
     #: a state written again is written by this release
     written_by: str | None = __version__
+    #: skipped positions and excluded rows the run follows (``data_changes.py``); written
+    #: as the optional keys ``skip`` / ``exclude`` only when not empty
+    changes: DataChanges = NO_CHANGES
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "version": VERSION,
             "zephon_version": __version__,
@@ -323,7 +338,9 @@ class PipelineState:
             else {"components": {}, "ops": {}},
             "position": self.position,
             "lanes": [self.lanes[k].to_dict() for k in sorted(self.lanes)],
-        }
+        } | self.changes.to_state()
+        out["version"] = written_version(out)
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> PipelineState:
@@ -338,10 +355,11 @@ class PipelineState:
             by = f" (written by Zephon {writer})" if isinstance(writer, str) else ""
             raise IncompatibleCheckpoint(
                 f"checkpoint schema version {version!r}{by}: this Zephon ({__version__}) "
-                f"reads versions {READS[0]} to {VERSION} and cannot resume it; resume with "
+                f"reads versions {READS[0]} to {READS[-1]} and cannot resume it; resume with "
                 f"the Zephon release that wrote it{' (' + writer + ')' if by else ''}"
             )
-        _check_keys(d, _TOP_KEYS[version], "pipeline state")
+        optional = {k for k in _OPTIONAL_TOP_KEYS if k in d} if version >= 4 else set()
+        _check_keys(d, _TOP_KEYS[version] | optional, "pipeline state")
         written_by = d.get("zephon_version")
         if version >= 3 and not isinstance(written_by, str):
             raise CorruptCheckpoint(f"zephon_version is {written_by!r}, expected a string")
@@ -372,7 +390,19 @@ class PipelineState:
             lanes,
             content,
             written_by=written_by,
+            changes=DataChanges.from_state(d),
         )
+
+
+def written_version(d: dict[str, Any]) -> int:
+    """The schema version a state dict is written with: ``CHANGES_VERSION`` when it
+    records data changes or a chunk carries drops, else ``VERSION`` (what earlier releases
+    read)."""
+    if any(k in d for k in _OPTIONAL_TOP_KEYS) or any(
+        len(c) > 4 for lane in d["lanes"] for c in lane["chunks"]
+    ):
+        return CHANGES_VERSION
+    return VERSION
 
 
 def _content(c: Any) -> dict[str, Any]:

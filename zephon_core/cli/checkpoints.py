@@ -139,6 +139,9 @@ def summary(state: dict[str, Any], parsed: PipelineState) -> dict[str, Any]:
         "lanes": lanes,
         "inflight_chunks": sum(lane["inflight_chunks"] for lane in lanes),
         "components": components,
+        # deliberate data changes the run follows (checkpoint/data_changes.py)
+        "skipped": [list(r) for r in parsed.changes.skip],
+        "excluded": {name: list(rows) for name, rows in parsed.changes.exclude},
         "config": {
             "canonical_replicas": config.get("canonical_replicas"),
             "flush_every_k_chunks": config.get("flush_every_k_chunks"),

@@ -126,6 +126,11 @@ def inspect(path: str, as_json: bool, trust_pickle: bool) -> None:
         f"  global position {info['position']}; {len(info['lanes'])} lanes, "
         f"{info['inflight_chunks']} inflight chunks to replay"
     )
+    for start, end in info["skipped"]:
+        click.echo(f"  skipped positions {start}..{end - 1} ({end - start} outputs, skip_batches)")
+    for name, rows in info["excluded"].items():
+        shown = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
+        click.echo(f"  excluded from {name}: {len(rows)} rows ({shown}) in chunks read since")
     unit = src.get("weights_unit", "documents")
     click.echo(f"  datasets (weights {_shares(src.get('weights'))} in {unit}):")
     for name, c in info["components"].items():

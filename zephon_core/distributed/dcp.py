@@ -45,9 +45,9 @@ import msgpack
 from .._version import __version__
 from ..checkpoint.owned_lanes import OwnedLanesState
 from ..checkpoint.restore import admit, admit_owned, allowed_changes
+from ..checkpoint.state import CHANGES_VERSION, PipelineState
 from ..checkpoint.state import FORMAT as STATE_FORMAT
 from ..checkpoint.state import VERSION as STATE_VERSION
-from ..checkpoint.state import PipelineState
 from ..errors import CorruptCheckpoint, IncompatibleCheckpoint, MissingLanes
 from ..validate import is_int
 from .topology import Topology
@@ -99,11 +99,18 @@ def encode(state: PipelineState, num_lanes: int) -> dict[str, Any]:
         "canonical_replicas": num_lanes,
         "position": position,
         "zephon_version": __version__,
-        "state_version": d["version"],
+        # identical on every rank (DCP keeps one copy): by the run's recorded changes, not
+        # by this rank's chunks
+        "state_version": CHANGES_VERSION
+        if any(k in d for k in ("skip", "exclude"))
+        else STATE_VERSION,
         "fingerprint": d["fingerprint"],
         "config": d["config"],
         "content": d["content"],
     }
+    for key in ("skip", "exclude"):  # the run's recorded data changes, when it has any
+        if key in d:
+            meta[key] = d[key]
     slots = {
         slot_key((lane["lane"] - position) % num_lanes): msgpack.packb(lane, use_bin_type=True)
         for lane in d["lanes"]
@@ -202,10 +209,11 @@ def _parse(
             )
         lanes.append(lane)
     merged_shape = _merged_shape(meta, lanes)
-    if meta["state_version"] != STATE_VERSION:
+    if meta["state_version"] not in (STATE_VERSION, CHANGES_VERSION):
         raise IncompatibleCheckpoint(
             f"per-rank lane states of schema version {meta['state_version']}: this Zephon "
-            f"writes and reads version {STATE_VERSION} in per-rank states"
+            f"writes and reads versions {STATE_VERSION} and {CHANGES_VERSION} in per-rank "
+            "states"
         )
     owned = [(position + s) % n for s in want]
     return PipelineState.from_dict(merged_shape), owned
@@ -221,8 +229,11 @@ def _merged_shape(meta: Mapping[str, Any], lanes: list[Any]) -> dict[str, Any]:
         "position": meta["position"],
         "lanes": lanes,
     }
-    if meta["state_version"] >= 3:
+    if isinstance(meta["state_version"], int) and meta["state_version"] >= 3:
         out["zephon_version"] = meta.get("zephon_version")
+        for key in ("skip", "exclude"):  # deliberate data changes (checkpoint/data_changes.py)
+            if key in meta:
+                out[key] = meta[key]
     return out
 
 

@@ -80,6 +80,12 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
                 f"({'; '.join(differ[:4]) or 'their content fingerprints differ'}); every "
                 "rank must read the same datasets with the same code"
             )
+        if r.state.changes != first.changes:
+            raise IncompatibleCheckpoint(
+                f"rank {r.rank} follows other skip_batches/exclude than rank {reports[0].rank} "
+                f"({r.state.changes.to_state()} vs {first.changes.to_state()}); pass the same "
+                "skip_batches and exclude on every rank"
+            )
     layouts = {r.rank: r.dp_size for r in reports}
     if len(set(layouts.values())) > 1:
         raise TopologyError(
@@ -114,6 +120,9 @@ def merge_reports(reports: list[RankReport], num_lanes: int) -> PipelineState:
     missing = sorted(set(range(num_lanes)) - set(lanes))
     if missing:
         raise IncompatibleCheckpoint(f"no rank reported lanes {missing}")
-    merged = PipelineState(first.fingerprint, first.config, first.position, lanes, first.content)
+    merged = PipelineState(
+        first.fingerprint, first.config, first.position, lanes, first.content,
+        changes=first.changes,
+    )  # fmt: skip
     check_progress(merged, num_lanes)
     return merged

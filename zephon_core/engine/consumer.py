@@ -7,7 +7,11 @@ run in this process) and a pass of :class:`~zephon_core.engine.torch_data.Zephon
 1. *prepare* the next output (not yet delivered; None once this process's stream ended);
 2. with several ranks on a finite stream, *agree* that every rank has one
    (``distributed/finite_end.py``), else all end here;
-3. *commit* it: adopt the lane state that travelled with it, then hand it out.
+3. *commit* it: adopt the lane state that travelled with it, then hand it out -- or, when
+   its global position is one the run skips (``skip_batches``,
+   ``checkpoint/data_changes.py``), *drop* it: adopt its state, hand it to no one, and
+   take the next turn. Skipped steps are whole steps of every rank, so ranks still agree
+   step by step.
 
 An error escaping a turn is remembered: the consumer never pretends the stream ended, and
 every later call raises :func:`failed_earlier`'s error. Its state up to the last delivered
@@ -20,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from ..checkpoint.data_changes import NO_CHANGES, DataChanges
 from ..checkpoint.state import LaneState, PipelineState
 from ..errors import PipelineError
 from .compile import Plan
@@ -36,9 +41,17 @@ def failed_earlier(where: str, failure: BaseException, restore_hint: str) -> Pip
     )
 
 
-def state_at(plan: Plan, position: int, lanes: Mapping[int, LaneState]) -> PipelineState:
-    """The state of ``lanes`` at global ``position`` under ``plan``."""
-    return PipelineState(plan.fingerprint, plan.config, position, dict(lanes), plan.content)
+def state_at(
+    plan: Plan,
+    position: int,
+    lanes: Mapping[int, LaneState],
+    changes: DataChanges = NO_CHANGES,
+) -> PipelineState:
+    """The state of ``lanes`` at global ``position`` under ``plan`` (recording the run's
+    skipped positions and excluded rows, ``changes``)."""
+    return PipelineState(
+        plan.fingerprint, plan.config, position, dict(lanes), plan.content, changes=changes
+    )
 
 
 class ConsumerSteps(Iterator[Any]):
@@ -63,12 +76,16 @@ class ConsumerSteps(Iterator[Any]):
         if self._done:
             raise StopIteration
         try:
-            step = self.prepare()
-            if self._agree is not None and not self._agree(step is not None):
-                step = None  # another rank's position of this step is empty: all end here
-            if step is None:
-                self.end()
-                raise StopIteration
+            while True:
+                step = self.prepare()
+                if self._agree is not None and not self._agree(step is not None):
+                    step = None  # another rank's position of this step is empty: all end here
+                if step is None:
+                    self.end()
+                    raise StopIteration
+                if not self.skips(step):
+                    break
+                self.drop(step)  # produced, so later positions are exact; handed to no one
             out = self.commit(step)
             self._restore_log.first_output()
             return out
@@ -94,6 +111,30 @@ class ConsumerSteps(Iterator[Any]):
     def end(self) -> None:
         """End the stream here (another rank has no output for this step)."""
         self._done = True
+
+    def skips(self, step: Any) -> bool:
+        """The prepared output's global position is one the run skips: :meth:`drop` it
+        instead of committing it."""
+        changes = self._changes
+        return bool(changes.skip) and changes.skipped(self.position_of(step))
+
+    def position_of(self, step: Any) -> int:
+        """The global position of a prepared output."""
+        raise NotImplementedError
+
+    def drop(self, step: Any) -> None:
+        """Take a prepared output's turn without handing it out: its lane state is adopted
+        (the position counts), the output is discarded."""
+        raise NotImplementedError
+
+    @property
+    def skipped_ranges(self) -> list[tuple[int, int]]:
+        """The global position ranges this run skips (``skip_batches``, as recorded)."""
+        return list(self._changes.skip)
+
+    @property
+    def _changes(self) -> DataChanges:
+        return NO_CHANGES
 
     # -- what a consumer provides ------------------------------------------------------
     def _refuse(self) -> None:

@@ -30,10 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..checkpoint import codec
+from ..checkpoint.data_changes import DataChanges, check_aligned, with_data_changes
 from ..checkpoint.state import PipelineState
 from ..distributed import dcp
 from ..distributed.finite_end import is_finite, step_agreement
@@ -115,12 +116,14 @@ class StreamHandle:
         *,
         allow_changes: Iterable[str] = (),
         origin: str | None = None,
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
     ) -> None:
         """Start this handle from ``state`` instead (before its first output): a merged
         state (:meth:`checkpoint`) or a per-rank one (:meth:`state_dict`, e.g. filled in by
         ``dcp.load``) holding at least the lanes this rank owns at the state's position.
-        Validated as ``pipe.load_state_dict`` validates (``allow_changes``, ``origin``:
-        the same); only this rank's lanes are decoded.
+        Validated as ``pipe.load_state_dict`` validates (``allow_changes``, ``origin``,
+        ``skip_batches``, ``exclude``: the same); only this rank's lanes are decoded.
 
         Raises:
             LifecycleError: the handle already delivered an output or was closed.
@@ -138,6 +141,8 @@ class StreamHandle:
         if not spec.plan.checkpointing:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
         start = dcp.admit_any(state, spec.plan, spec.topology, allow_changes, origin)
+        start = with_data_changes(start, skip_batches, exclude, allow_changes)
+        check_aligned(start.changes, start.position, spec.topology.dp_size)
         self._restart(start)
 
     def _started(self) -> bool:
@@ -200,7 +205,7 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
 
     def __init__(self, spec: RunSpec):
         self._init_handle(spec)
-        self._run = PipelineRun(spec.plan, spec.start, spec.topology)
+        self._run = PipelineRun(spec.plan, spec.start, spec.topology, changes=spec.changes)
         self._agree = step_agreement(spec.topology, is_finite(spec.plan.source))
         self._finalizer = weakref.finalize(self, self._run.close)
         self._restore_log = RestoreLog(spec.start, self._run.order)
@@ -212,7 +217,7 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
         self._finalizer.detach()
         self._run.close()
         self.spec = spec = self.spec.restarted(start)
-        self._run = PipelineRun(spec.plan, start, spec.topology)
+        self._run = PipelineRun(spec.plan, start, spec.topology, changes=spec.changes)
         self._finalizer = weakref.finalize(self, self._run.close)
         self._restore_log = RestoreLog(start, self._run.order)
 
@@ -238,6 +243,18 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
     def commit(self, step: Any) -> Any:
         """Deliver a prepared output (see ``engine/consumer.py``)."""
         return self._run.commit(step)
+
+    def position_of(self, step: Any) -> int:
+        """The global position of a prepared output (see ``engine/consumer.py``)."""
+        return self._run.position() + self.spec.topology.dp_rank
+
+    def drop(self, step: Any) -> None:
+        """Take a skipped output's turn (see ``engine/consumer.py``)."""
+        self._run.commit(step, served=False)
+
+    @property
+    def _changes(self) -> DataChanges:
+        return self.spec.changes
 
     def _fail(self) -> None:
         self._run.close(join_timeout=0.5)  # a stalled thread may never return

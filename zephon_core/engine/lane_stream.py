@@ -29,6 +29,7 @@ boundary)`` and ``(END, None)``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
@@ -64,10 +65,25 @@ class Output(NamedTuple):
 
 def pointer_records(chunk: WorkChunk) -> list[Record]:
     lane, cid = chunk.lane, chunk.chunk_id
-    return [
+    recs = [
         Record((comp, row), SampleCursor(lane, cid, i, 0), [Contributor(cid, i, 0, True, comp, 0)])
         for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))
     ]
+    for i in chunk.dropped:  # excluded when the chunk was read: closed, never fetched
+        recs[i] = recs[i].to_tombstone()
+    return recs
+
+
+def with_exclusions(chunk: WorkChunk, excluded: dict[int, frozenset[int]]) -> WorkChunk:
+    """``chunk`` with the offsets of ``excluded`` rows (per component) marked dropped
+    (``checkpoint/data_changes.py``): the mark is stored with the chunk, so a replay of it
+    drops the same rows whatever the exclusion is by then."""
+    dropped = tuple(
+        i
+        for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))
+        if row in excluded.get(comp, ())
+    )
+    return dataclasses.replace(chunk, dropped=dropped) if dropped else chunk
 
 
 class LaneStream:
@@ -82,9 +98,12 @@ class LaneStream:
         procs: StagePool | None,
         stats: list[OpStats],
         compact_outputs: bool = False,
+        excluded: dict[int, frozenset[int]] | None = None,
     ):
         self.plan = plan
         self.lane = lane
+        #: rows (per component) that chunks read from the source drop (``exclude=``)
+        self.excluded = excluded or {}
         #: a trailing batch emits TokenBatch (built by a consumer in another process)
         self.compact_outputs = compact_outputs
         self.pool = pool
@@ -186,6 +205,8 @@ class LaneStream:
                     f"{self.lane}, chunk_id {self.next_id} and at least one pointer"
                 )
             self.next_id += 1
+            if self.excluded:
+                chunk = with_exclusions(chunk, self.excluded)
             if self.origins is not None:
                 epochs = self.plan.source.pointer_epochs(self.source, [chunk])
                 self.origins.add(chunk, None if epochs is None else epochs[0])

@@ -27,6 +27,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint import codec
+from ..checkpoint.data_changes import (
+    NO_CHANGES,
+    DataChanges,
+    check_aligned,
+    fresh_changes,
+    with_data_changes,
+)
 from ..checkpoint.owned_lanes import OwnedLanesState
 from ..checkpoint.state import PipelineState
 from ..distributed import dcp
@@ -387,14 +394,41 @@ class Pipeline:
 
     # -- runs ---------------------------------------------------------------------------
     def _admit(
-        self, state: Any, allow_changes: Iterable[str], origin: str | None = None
+        self,
+        state: Any,
+        allow_changes: Iterable[str],
+        origin: str | None = None,
+        skip_batches: Any = None,
+        exclude: Any = None,
     ) -> PipelineState:
         if not self.checkpointing:
             raise ConfigError("cannot restore into a pipeline built with checkpointing=False")
         # one rank of several decodes and validates only its own lanes (owned_lanes.py)
-        return dcp.admit_any(state, self.compile(), self.topology(), allow_changes, origin)
+        admitted = dcp.admit_any(state, self.compile(), self.topology(), allow_changes, origin)
+        admitted = with_data_changes(admitted, skip_batches, exclude, allow_changes)
+        self._check_changes(admitted.changes, admitted.position)
+        return admitted
 
-    def _spec(self, start: PipelineState | None) -> RunSpec:
+    def _check_changes(self, changes: DataChanges, position: int) -> None:
+        """Before any work: excluded datasets exist, skips cover whole steps."""
+        changes.excluded_by_component(self.compile().source.component_names)
+        check_aligned(changes, position, self.topology().dp_size)
+
+    def _fresh(self, skip_batches: Any, exclude: Any) -> DataChanges:
+        """The decisions of a run from the beginning (``skip_batches``/``exclude`` without
+        a restore)."""
+        if skip_batches is None and exclude is None:
+            return NO_CHANGES
+        if self._current_run.pending is not None:
+            raise ConfigError(
+                "skip_batches/exclude apply to the restore they come with: pass them to "
+                "load_state_dict(state, skip_batches=..., exclude=...), or with restore="
+            )
+        changes = fresh_changes(skip_batches, exclude)
+        self._check_changes(changes, 0)
+        return changes
+
+    def _spec(self, start: PipelineState | None, changes: DataChanges = NO_CHANGES) -> RunSpec:
         topo = self.topology()
         plan = self.compile()
         if isinstance(start, OwnedLanesState) and not start.owns(topo.dp_rank, topo.dp_size):
@@ -414,10 +448,17 @@ class Pipeline:
                 num_lanes=self.canonical_replicas,
             ),
             recompile=self._planner() if plan.auto_share is not None else None,
+            changes=start.changes if start is not None else changes,
         )
 
     def run_spec(
-        self, restore: Any = None, *, allow_changes: Iterable[str] = (), origin: str | None = None
+        self,
+        restore: Any = None,
+        *,
+        allow_changes: Iterable[str] = (),
+        origin: str | None = None,
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
     ) -> RunSpec:
         """What a handle needs to run this pipeline, and nothing of the pipeline itself:
         :class:`~zephon_core.engine.handle.PipelineIterator` and
@@ -429,13 +470,22 @@ class Pipeline:
                 ``load_state_dict()``, else the beginning.
             allow_changes: see :meth:`load_state_dict`.
             origin: see :meth:`load_state_dict`.
+            skip_batches: see :meth:`load_state_dict` (also from the beginning).
+            exclude: see :meth:`load_state_dict` (also from the beginning).
         """
         if restore is not None:
-            return self._spec(self._admit(restore, allow_changes, origin))
-        return self._spec(self._current_run.pending)
+            return self._spec(self._admit(restore, allow_changes, origin, skip_batches, exclude))
+        changes = self._fresh(skip_batches, exclude)
+        return self._spec(self._current_run.pending, changes)
 
     def iterate(
-        self, restore: Any = None, *, allow_changes: Iterable[str] = (), origin: str | None = None
+        self,
+        restore: Any = None,
+        *,
+        allow_changes: Iterable[str] = (),
+        origin: str | None = None,
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
     ) -> PipelineIterator:
         """An independent iterator owning its own run (the pipeline's current run is not
         touched): ``PipelineIterator(pipe.run_spec(...))``.
@@ -445,8 +495,17 @@ class Pipeline:
                 default: the state given to ``load_state_dict()``, else the beginning.
             allow_changes: see :meth:`load_state_dict`.
             origin: see :meth:`load_state_dict`.
+            skip_batches: see :meth:`load_state_dict` (also from the beginning).
+            exclude: see :meth:`load_state_dict` (also from the beginning).
         """
-        return PipelineIterator(self.run_spec(restore, allow_changes=allow_changes, origin=origin))
+        spec = self.run_spec(
+            restore,
+            allow_changes=allow_changes,
+            origin=origin,
+            skip_batches=skip_batches,
+            exclude=exclude,
+        )
+        return PipelineIterator(spec)
 
     def dataloader(
         self,
@@ -457,19 +516,27 @@ class Pipeline:
         restore: Any = None,
         allow_changes: Iterable[str] = (),
         origin: str | None = None,
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
         **kwargs: Any,
     ) -> ZephonDataLoader:
         """A DataLoader serving this rank's lanes; it becomes the pipeline's current handle
         (``ZephonDataLoader(pipe.run_spec(...), ...)`` makes one that does not).
         ``(canonical_replicas / dp_size) % num_workers`` must be 0. ``max_read_ahead``: how
         many batches the training loop may take beyond the last one it consumed and still
-        ``checkpoint(served=...)`` at that one. ``restore``: as in :meth:`iterate`."""
+        ``checkpoint(served=...)`` at that one. ``restore``, ``allow_changes``, ``origin``,
+        ``skip_batches``, ``exclude``: as in :meth:`iterate`."""
         explicit = None
+        changes = NO_CHANGES
         if restore is not None:
-            explicit = functools.partial(self._admit, restore, allow_changes, origin)
+            explicit = functools.partial(
+                self._admit, restore, allow_changes, origin, skip_batches, exclude
+            )
+        else:
+            changes = self._fresh(skip_batches, exclude)
         start = self._current_run.start("pipe.dataloader()", explicit)
         loader = ZephonDataLoader(
-            self._spec(start),
+            self._spec(start, changes),
             num_workers=num_workers,
             pin_memory=pin_memory,
             max_read_ahead=max_read_ahead,
@@ -492,6 +559,8 @@ class Pipeline:
         *,
         allow_changes: Iterable[str] = (),
         origin: str | None = None,
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
     ) -> None:
         """Set the state the next ``iter(pipe)`` / ``pipe.dataloader()`` starts from.
 
@@ -502,14 +571,26 @@ class Pipeline:
             allow_changes: accept a deliberate content change: ``"data"`` (datasets whose
                 rows changed) and/or ``"functions"`` (map/filter functions that changed).
                 Positions continue; values come from the new content. ``"weights"`` /
-                ``"components"`` re-mix (``checkpoint/remix.py``).
+                ``"components"`` re-mix (``checkpoint/remix.py``). ``"skip"`` /
+                ``"exclude"`` accept ``skip_batches`` / ``exclude`` that differ from what
+                the state records.
             origin: where the state came from (a path), named in the restore log line.
+            skip_batches: ``[(start, end), ...]`` global output positions (half-open) the
+                run produces but hands to no consumer, so every later position is what a
+                run that trained on them would get. With ``D`` data-parallel ranks each
+                range covers whole steps (``ConfigError`` names the aligned bounds). None:
+                the state's recorded skips (``checkpoint/data_changes.py``).
+            exclude: ``{"dataset": [row, ...]}``: rows dropped from every chunk read after
+                this restore (chunks in flight replay as they were read). None: the
+                state's recorded exclusion.
 
         Raises:
             LifecycleError: the pipeline already has a live iterator or loader.
             CorruptCheckpoint / IncompatibleCheckpoint: see ``checkpoint/restore.py``.
         """
-        self._current_run.load(functools.partial(self._admit, state, allow_changes, origin))
+        self._current_run.load(
+            functools.partial(self._admit, state, allow_changes, origin, skip_batches, exclude)
+        )
 
     def checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """The current handle's state (see the handle's ``checkpoint``); with none, the state

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..checkpoint.data_changes import NO_CHANGES, DataChanges
 from ..checkpoint.state import Delivery, LaneDelta, LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
@@ -59,9 +60,14 @@ class PipelineRun:
         topology: Topology,
         emit_skips: bool = False,
         compact_batches: bool = False,
+        changes: DataChanges = NO_CHANGES,
     ):
         self.plan = plan
         self.topology = topology
+        #: skipped positions (applied by the consumer) and excluded rows (by the lanes),
+        #: recorded in every snapshot (``checkpoint/data_changes.py``)
+        self.changes = changes
+        excluded = changes.excluded_by_component(plan.source.component_names)
         validate(plan.num_lanes, topology.dp_size, topology.num_workers)
         self.start = restored.position if restored is not None else 0
         lanes = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
@@ -90,6 +96,7 @@ class PipelineRun:
                 self.procs,
                 self.op_stats,
                 compact_batches,
+                excluded,
             )
             for lane in self.order
         }
@@ -165,13 +172,14 @@ class PipelineRun:
             self.turn += 1
         return None
 
-    def commit(self, step: tuple[int, Output]) -> Any:
-        """Deliver a prepared turn: adopt its lane state, and return its payload."""
+    def commit(self, step: tuple[int, Output], served: bool = True) -> Any:
+        """Deliver a prepared turn: adopt its lane state, and return its payload
+        (``served=False``: a skipped position, adopted but handed to no one)."""
         lane, out = step
         self._adopt(lane, out)
         self.turn += 1
         self.last_lane = lane
-        if out.payload is not SKIP:
+        if out.payload is not SKIP and served:
             self.outputs_taken += 1
         return out.payload
 
@@ -195,7 +203,7 @@ class PipelineRun:
 
     def snapshot(self) -> PipelineState:
         """This process's lanes at the global position it reached."""
-        return state_at(self.plan, self.position(), self.lane_states())
+        return state_at(self.plan, self.position(), self.lane_states(), self.changes)
 
     def delta(self, lane: int) -> LaneDelta:
         """What a consumer in another process needs to mirror ``lane`` after its last output."""

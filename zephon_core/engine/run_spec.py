@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.data_changes import NO_CHANGES, DataChanges, check_aligned
 from ..checkpoint.state import PipelineState
 from ..distributed.topology import Topology
 from .compile import Plan
@@ -45,6 +46,8 @@ class RunSpec:
             ``checkpoint()`` (several ranks only); see :func:`open_aggregator`.
         recompile: compiles the plan again for another core share (a DataLoader worker
             when an operator asked for ``parallelism="auto"``); None: never needed.
+        changes: the skipped positions and excluded rows the run follows
+            (``checkpoint/data_changes.py``): ``start.changes`` when restoring.
     """
 
     plan: Plan
@@ -52,9 +55,21 @@ class RunSpec:
     start: PipelineState | None = None
     aggregator: Callable[[Topology], Any] | None = None
     recompile: Callable[[], Plan] | None = None
+    changes: DataChanges = NO_CHANGES
+
+    def __post_init__(self) -> None:
+        if self.start is not None and self.start.changes != self.changes:
+            object.__setattr__(self, "changes", self.start.changes)  # the state's decisions
+        check_aligned(self.changes, self.position, self.topology.dp_size)
+
+    @property
+    def position(self) -> int:
+        """The global position the run starts at."""
+        return self.start.position if self.start is not None else 0
 
     def restarted(self, start: PipelineState | None) -> RunSpec:
-        """The same run, starting from ``start`` (an admitted state)."""
+        """The same run, starting from ``start`` (an admitted state; its recorded
+        decisions, ``start.changes``, come with it)."""
         return dataclasses.replace(self, start=start)
 
     def plan_here(self) -> Plan:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..checkpoint.data_changes import NO_CHANGES, DataChanges
 from ..checkpoint.state import LaneDelta, LaneState, PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
@@ -66,7 +67,7 @@ class ZephonIterableDataset(IterableDataset):
         # a worker ships batches as TokenBatch: the training process builds the tensors
         run = PipelineRun(
             self.spec.plan_here(), self.spec.start, topo, emit_skips=True,
-            compact_batches=info is not None,
+            compact_batches=info is not None, changes=self.spec.changes,
         )  # fmt: skip
         wire = _to_wire if info is not None else _identity
         try:
@@ -97,9 +98,11 @@ class RankConsumer:
         restore: PipelineState | None,
         served: int = 0,
         max_read_ahead: int = MAX_READ_AHEAD,
+        changes: DataChanges = NO_CHANGES,
     ):
         self.plan = plan
         self.topology = topology
+        self.changes = changes  # recorded in every snapshot
         self.start = restore.position if restore is not None else 0
         self.turn = 0  # turns of this rank's lanes consumed, including ended lanes' turns
         self.served = served  # batches handed out by the loader, across its iterators
@@ -138,6 +141,16 @@ class RankConsumer:
         if self.started_at is None:
             self.started_at = time.perf_counter()
 
+    def position_of(self, lane: int) -> int:
+        """The global position of this rank's next output, delivered on ``lane`` (turns
+        of ended lanes the DataLoader no longer shows come first, as in :meth:`apply`)."""
+        n, turn = len(self.order), self.turn
+        for _ in range(n):
+            if self.order[turn % n] == lane:
+                break
+            turn += 1
+        return self.position(turn) + self.topology.dp_rank
+
     def position(self, turn: int | None = None) -> int:
         return self.start + (self.turn if turn is None else turn) * self.topology.dp_size
 
@@ -165,7 +178,7 @@ class RankConsumer:
                 states[lane] = before
                 turn -= taken
                 back -= was_batch
-        return state_at(self.plan, self.position(turn), states)
+        return state_at(self.plan, self.position(turn), states, self.changes)
 
     def stats(self) -> dict[str, Any]:
         mirrors = list(self.mirrors.values())
@@ -226,8 +239,9 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         self._init_handle(spec)
         self.max_read_ahead = max_read_ahead
         self.consumer = RankConsumer(
-            spec.plan, spec.topology, spec.start, max_read_ahead=max_read_ahead
-        )
+            spec.plan, spec.topology, spec.start, max_read_ahead=max_read_ahead,
+            changes=spec.changes,
+        )  # fmt: skip
         self._agree = step_agreement(spec.topology, is_finite(spec.plan.source))
         self._live: weakref.WeakSet[_LoaderIterator] = weakref.WeakSet()
         dataset = ZephonIterableDataset(spec)
@@ -254,6 +268,7 @@ class ZephonDataLoader(StreamHandle, DataLoader):
             start,
             served=consumer.served,
             max_read_ahead=self.max_read_ahead,
+            changes=self.dataset.spec.changes,
         )
         it = _LoaderIterator(self, super().__iter__())
         # the first pass logs the restore; later passes continue this loader's own stream
@@ -272,7 +287,11 @@ class ZephonDataLoader(StreamHandle, DataLoader):
         self.spec = self.spec.restarted(start)
         self.dataset.spec = self.dataset.spec.restarted(start)
         self.consumer = RankConsumer(
-            self.spec.plan, self.spec.topology, start, max_read_ahead=self.max_read_ahead
+            self.spec.plan,
+            self.spec.topology,
+            start,
+            max_read_ahead=self.max_read_ahead,
+            changes=self.spec.changes,
         )
 
     @property
@@ -332,6 +351,18 @@ class _LoaderIterator(ConsumerSteps):
             if self._several:
                 return None  # an ended lane's turn: a hole in the step (finite_end.py)
             consumer.apply(delta, served=False)
+
+    def position_of(self, item: tuple[Any, LaneDelta]) -> int:
+        """The global position of a prepared batch (see ``engine/consumer.py``)."""
+        return self._loader.consumer.position_of(item[1].lane)
+
+    def drop(self, item: tuple[Any, LaneDelta]) -> None:
+        """Take a skipped batch's turn: its delta counts, the batch is never built."""
+        self._loader.consumer.apply(item[1], served=False)
+
+    @property
+    def _changes(self) -> DataChanges:
+        return self._loader.consumer.changes
 
     def commit(self, item: tuple[Any, LaneDelta]) -> Any:
         payload, delta = item

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..checkpoint import codec
+from ..errors import ContractViolation
 
 __all__ = ["SimulatedRanks"]
 
@@ -35,6 +36,8 @@ class SimulatedRanks:
         num_workers: DataLoader workers of every global rank (0: iterate directly), or
             one count per global rank.
         state: a checkpoint every rank restores.
+        restore_kwargs: more arguments of every rank's restore (``skip_batches``,
+            ``exclude``, ``allow_changes``).
         mp: model-parallel peers per data-parallel rank (global ranks ``d*mp ..
             d*mp+mp-1`` share dp_rank ``d`` and must see identical data).
         loader_kwargs: more ``dataloader()`` arguments.
@@ -49,6 +52,7 @@ class SimulatedRanks:
         *,
         mp: int = 1,
         loader_kwargs: dict | None = None,
+        restore_kwargs: dict | None = None,
     ):
         self.dp_size, self.mp = dp_size, mp
         world = dp_size * mp
@@ -63,12 +67,13 @@ class SimulatedRanks:
                     pipe = pipe.bind(
                         rank=rank, world_size=world, dp_rank=rank // mp, dp_size=dp_size
                     )
+                more = restore_kwargs or {}
                 handle = (
                     pipe.dataloader(
-                        num_workers=workers[rank], restore=state, **(loader_kwargs or {})
+                        num_workers=workers[rank], restore=state, **more, **(loader_kwargs or {})
                     )
                     if workers[rank]
-                    else pipe.iterate(restore=state)
+                    else pipe.iterate(restore=state, **more)
                 )
                 self.handles.append(handle)
                 self.iters.append(iter(handle))
@@ -85,11 +90,19 @@ class SimulatedRanks:
         (when any rank has no output for the step, none delivers it)."""
         if len(self.iters) == 1:
             return list(itertools.islice(self.iters[0], 1)) or None
-        prepared = [it.prepare() for it in self.iters]
-        if any(p is None for p in prepared):
-            for it in self.iters:
-                it.end()
-            return None
+        while True:
+            prepared = [it.prepare() for it in self.iters]
+            if any(p is None for p in prepared):
+                for it in self.iters:
+                    it.end()
+                return None
+            skipped = {it.skips(p) for it, p in zip(self.iters, prepared)}
+            if skipped != {True}:
+                break
+            for it, p in zip(self.iters, prepared):  # a skipped step (skip_batches): all drop
+                it.drop(p)
+        if skipped != {False}:
+            raise ContractViolation("the ranks disagree on skipping this step")
         return [it.commit(p) for it, p in zip(self.iters, prepared)]
 
     def steps(self, n: int) -> list[Any]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +50,7 @@ from zephon_core.distributed.topology import validate
 from zephon_core.engine.restore_log import restore_lines_to
 from zephon_core.ops import BatchOp
 
-from ..allow_changes import checked, named_in_refusals
+from ..allow_changes import checked, checked_data_changes, named_in_refusals
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_dir import (
@@ -105,6 +105,16 @@ class ZephonCallback(TrainerCallback):
             ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
             ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
             The resumed run's own checkpoints then resume exactly without it.
+            ``"skip"`` / ``"exclude"`` accept ``skip_batches`` / ``exclude`` that differ
+            from what the checkpoint records.
+        skip_batches: ``[(start, end), ...]`` global positions (half-open) the resumed
+            ``train()`` produces but never trains on (``Pipeline.load_state_dict``); the
+            positions of optimizer steps are ``zephon_core.checkpoint.data_changes.
+            step_positions(first, end, per_step=world_size * gradient_accumulation_steps,
+            skipped=...)`` (one pipeline output per process per micro-batch). Recorded in
+            the checkpoints it writes: later resumes repeat it. None: as recorded.
+        exclude: ``{"dataset": [row, ...]}`` rows removed from every chunk read after the
+            resume (recorded likewise). None: as recorded.
         state_layout: ``"merged"`` (default): rank 0 writes the state of every lane to
             ``checkpoint-N/`` (an aggregation round at each save when ranks read their own
             lanes). ``"per_rank"``: every rank writes its own lanes' state into a file of
@@ -122,6 +132,8 @@ class ZephonCallback(TrainerCallback):
         resume_from: str | None = None,
         allow_changes: Iterable[str] = (),
         state_layout: str = "merged",
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
     ):
         self._factory = pipeline
         self.num_workers = num_workers
@@ -129,6 +141,9 @@ class ZephonCallback(TrainerCallback):
         self.allow_changes = checked(allow_changes, "ZephonCallback")
         self.state_layout = rank_files.check_layout(state_layout, "ZephonCallback")
         self._save_nonce: str | None = None  # per_rank: this train()'s, alike on every rank
+        self.skip_batches, self.exclude = checked_data_changes(
+            skip_batches, exclude, "ZephonCallback"
+        )
         self.train_dataset = ZephonRows()
         self.pipeline: Pipeline | None = None  # this process's pipeline in the running train()
         self.loader: ZephonDataLoader | None = None  # ... and the loader handle it reads
@@ -230,11 +245,20 @@ class ZephonCallback(TrainerCallback):
             path = resolve_resume_dir(args.output_dir, state.global_step, self.resume_from)
             saved = read_state(path, pipe.topology())  # a per-rank save: this rank's share
             with named_in_refusals("ZephonCallback"):
-                pipe.load_state_dict(saved, allow_changes=self.allow_changes, origin=str(path))
+                pipe.load_state_dict(
+                    saved,
+                    allow_changes=self.allow_changes,
+                    origin=str(path),
+                    skip_batches=self.skip_batches,
+                    exclude=self.exclude,
+                )
             warn_resume_gaps(
                 path, args.process_index, args.world_size, "ZephonCallback", bool(args.deepspeed)
             )
             self._rng_from = path
+        # a fresh start takes the decisions with its loader (a resume took them above)
+        fresh = {} if state.global_step > 0 else {"skip_batches": self.skip_batches}
+        fresh.update({} if state.global_step > 0 else {"exclude": self.exclude})
         if is_finite(pipe.source):  # a resume where the stream ended has nothing to read
             end_empty_passes_quietly(train_dataloader)
         if not layout.reads:
@@ -248,7 +272,7 @@ class ZephonCallback(TrainerCallback):
         read_ahead = (2 * self._outputs_per_micro_step + 16) * lanes
         prefetch = self._prefetch_factor
         extra = {"prefetch_factor": prefetch} if workers and prefetch else {}
-        loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead, **extra)
+        loader = pipe.dataloader(num_workers=workers, max_read_ahead=read_ahead, **fresh, **extra)
         self.pipeline, self.loader = pipe, loader
         self.train_dataset.feed = Feed(
             loader=loader,

@@ -17,7 +17,7 @@ micro-batch of the current optimizer step).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from transformers import Trainer
@@ -26,7 +26,7 @@ from zephon_core import ConfigError, Pipeline, ZephonDataLoader
 from zephon_core.distributed import rank_files
 from zephon_core.engine.restore_log import restore_lines_to
 
-from ..allow_changes import checked, named_in_refusals
+from ..allow_changes import checked, checked_data_changes, named_in_refusals
 from ..metrics import loader_metrics
 from ..packed_cache import restore_cache, turn_cache_off
 from .checkpoint_dir import (
@@ -61,6 +61,16 @@ class ZephonTrainer(Trainer):
             ``{"weights"}`` / ``{"components"}`` re-mix from the checkpoint's position,
             ``{"data"}`` / ``{"functions"}`` accept changed rows or map/filter functions.
             The resumed run's own checkpoints then resume exactly without it.
+            ``"skip"`` / ``"exclude"`` accept ``skip_batches`` / ``exclude`` that differ
+            from what the checkpoint records.
+        skip_batches: ``[(start, end), ...]`` global positions (half-open) the resumed
+            ``train()`` produces but never trains on (``Pipeline.load_state_dict``); the
+            positions of optimizer steps are ``zephon_core.checkpoint.data_changes.
+            step_positions(first, end, per_step=world_size * gradient_accumulation_steps,
+            skipped=...)`` (one pipeline output per process per micro-batch). Recorded in
+            the checkpoints it writes: later resumes repeat it. None: as recorded.
+        exclude: ``{"dataset": [row, ...]}`` rows removed from every chunk read after the
+            resume (recorded likewise). None: as recorded.
         state_layout: ``"merged"`` (default): rank 0 writes the state of every lane to
             ``checkpoint-N/`` (an aggregation round at each save with several ranks).
             ``"per_rank"``: every rank writes its own lanes' state into a file of its own
@@ -77,6 +87,8 @@ class ZephonTrainer(Trainer):
         pipeline: Pipeline | Callable[[], Pipeline],
         allow_changes: Iterable[str] = (),
         state_layout: str = "merged",
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
         **kwargs: Any,
     ):
         if kwargs.get("data_collator") is not None:
@@ -95,6 +107,10 @@ class ZephonTrainer(Trainer):
         self._zephon_allow_changes = checked(allow_changes, "ZephonTrainer")
         self.zephon_state_layout = rank_files.check_layout(state_layout, "ZephonTrainer")
         self._zephon_nonce: str | None = None  # per_rank: this train()'s, alike on every rank
+        self._zephon_skip, self._zephon_exclude = checked_data_changes(
+            skip_batches, exclude, "ZephonTrainer"
+        )
+        self._zephon_given = True  # the next loader starts the run the decisions apply to
         self.zephon_pipeline: Pipeline | None = None
         self.zephon_loader: ZephonDataLoader | None = None  # the handle of the running train()
         self._zephon_restore: dict[str, Any] | None = None  # where the next loader starts
@@ -126,6 +142,7 @@ class ZephonTrainer(Trainer):
         self._zephon_served = 0
         self._zephon_cache_off += turn_cache_off(self.model, self._zephon())
         restore, self._zephon_restore = self._zephon_restore, None
+        given, self._zephon_given = self._zephon_given, False
         workers = self.args.dataloader_num_workers
         prefetch = self.args.dataloader_prefetch_factor
         self.zephon_loader = (
@@ -137,6 +154,8 @@ class ZephonTrainer(Trainer):
                 restore=restore,
                 allow_changes=self._zephon_allow_changes if restore is not None else (),
                 origin=getattr(self, "_zephon_origin", None) if restore is not None else None,
+                skip_batches=self._zephon_skip if given else None,
+                exclude=self._zephon_exclude if given else None,
                 **({"prefetch_factor": prefetch} if workers and prefetch else {}),
             )
         )
@@ -168,7 +187,11 @@ class ZephonTrainer(Trainer):
             # validated before any work
             with named_in_refusals("ZephonTrainer"):
                 self._zephon().description().load_state_dict(
-                    state, allow_changes=self._zephon_allow_changes, origin=str(path)
+                    state,
+                    allow_changes=self._zephon_allow_changes,
+                    origin=str(path),
+                    skip_batches=self._zephon_skip,
+                    exclude=self._zephon_exclude,
                 )
             warn_resume_gaps(
                 str(path),
@@ -180,6 +203,7 @@ class ZephonTrainer(Trainer):
             self._zephon_restore = state
             self._zephon_rng_from = path
             self._zephon_origin = str(path)
+        self._zephon_given = True
         try:
             with restore_lines_to(shown_by_transformers(self.args)):
                 return super().train(path or None, *args, **kwargs)

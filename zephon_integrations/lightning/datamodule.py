@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from typing import Any
 
@@ -57,7 +57,7 @@ from zephon_core.engine.handle import StreamHandle
 from zephon_core.engine.restore_log import restore_lines_to
 
 from .. import rng
-from ..allow_changes import checked, named_in_refusals
+from ..allow_changes import checked, checked_data_changes, named_in_refusals
 from ..metrics import loader_metrics
 from .checkpoint_hook import ZephonCheckpointHook
 from .restore_line import shown_by_lightning
@@ -117,6 +117,15 @@ class ZephonDataModule(pl.LightningDataModule):
             ``Pipeline.load_state_dict(allow_changes=...)``: ``"weights"`` (and
             ``"components"``) re-mix, ``"data"`` / ``"functions"`` accept edited rows or
             map/filter functions. The re-mixed run's own checkpoints resume exactly.
+            ``"skip"`` / ``"exclude"`` accept ``skip_batches`` / ``exclude`` that differ
+            from what the checkpoint records.
+        skip_batches: ``[(start, end), ...]`` global positions (half-open) the resumed fit
+            produces but never trains on (``Pipeline.load_state_dict``); the positions of
+            optimizer steps are ``zephon_core.checkpoint.data_changes.step_positions(first,
+            end, per_step=world_size * accumulate_grad_batches, skipped=...)``. Recorded
+            in the checkpoints the fit writes: later resumes repeat it. None: as recorded.
+        exclude: ``{"dataset": [row, ...]}`` rows removed from every chunk read after the
+            resume (recorded likewise). None: as recorded.
         state_layout: where the data state goes with several ranks. ``"merged"`` (the
             default): rank 0's ``.ckpt`` holds the state of every lane (an aggregation
             round at each save) and every rank's RNG (gathered): one portable file.
@@ -143,6 +152,8 @@ class ZephonDataModule(pl.LightningDataModule):
         restore_rng: bool = True,
         allow_changes: Iterable[str] = (),
         state_layout: str = "merged",
+        skip_batches: Iterable[tuple[int, int]] | None = None,
+        exclude: Mapping[str, Iterable[int]] | None = None,
     ):
         super().__init__()
         if not (isinstance(pipeline, Pipeline) or callable(pipeline)):
@@ -161,6 +172,9 @@ class ZephonDataModule(pl.LightningDataModule):
         self.restore_rng = restore_rng
         self.allow_changes = checked(allow_changes, "ZephonDataModule")
         self.state_layout = rank_files.check_layout(state_layout, "ZephonDataModule")
+        self.skip_batches, self.exclude = checked_data_changes(
+            skip_batches, exclude, "ZephonDataModule"
+        )
         self._val_fn = val_dataloader_fn
         if (
             val_dataloader_fn is None
@@ -214,7 +228,12 @@ class ZephonDataModule(pl.LightningDataModule):
     def _validate(self, state: dict[str, Any]) -> None:
         # everything is checked now, before any work (a throwaway description)
         with named_in_refusals("ZephonDataModule"):
-            self.pipeline.description().load_state_dict(state, allow_changes=self.allow_changes)
+            self.pipeline.description().load_state_dict(
+                state,
+                allow_changes=self.allow_changes,
+                skip_batches=self.skip_batches,
+                exclude=self.exclude,
+            )
 
     def train_dataloader(self):
         if self.pipeline is None:
@@ -229,10 +248,13 @@ class ZephonDataModule(pl.LightningDataModule):
             self._loader.close()
         origin = getattr(trainer, "ckpt_path", None) if restore is self._restore else None
         accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        given = restore is self._restore  # the resume (or start) the decisions are given to
         spec = self.pipeline.description().run_spec(
             restore,
             allow_changes=allow if restore is not None else (),
             origin=str(origin) if origin else None,
+            skip_batches=self.skip_batches if given else None,
+            exclude=self.exclude if given else None,
         )
         self._loader = _ModuleLoader(
             spec,
