@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import struct
 import subprocess
+import sys
+import termios
+import threading
 from pathlib import Path
 
 import pytest
@@ -167,3 +173,48 @@ def test_step_outputs_with_several_outputs_per_micro_batch():
     with pytest.raises(ConfigError, match="not a multiple"):
         layout(batch_size=4, global_batch=30, accum=2, dp=2)
     assert not layout(4, None, None, None).trainer and layout(4, None, 1, None).trainer
+
+
+# -- progress: a bar on a terminal, nothing in a pipe -------------------------------------
+
+
+def _on_a_terminal(run) -> str:
+    """What ``run()`` writes to ``sys.stderr`` when that is a 24x100 pseudo-terminal."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    shown: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the other side is closed
+                return
+            if not data:
+                return
+            shown.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with os.fdopen(slave, "w") as tty:
+        saved, sys.stderr = sys.stderr, tty
+        try:
+            run()
+        finally:
+            sys.stderr = saved
+    reader.join(timeout=600)  # a hang guard: it ends once the closed side is drained
+    os.close(master)
+    return b"".join(shown).decode()
+
+
+def test_the_replay_shows_a_bar_on_a_terminal_and_nothing_in_a_pipe(run):
+    from zephon_core.cli import trace as tracing
+
+    work, _ = run
+    piped = cli("trace", "state.zst", "tracefactory:build", "--step", "30", cwd=work)
+    assert piped.returncode == 0 and piped.stderr == ""
+    positions = layout(4, None, None, None)
+    loc = tracing.choose(str(work / "state.zst"), positions, 30, False)
+    build = lambda: reference_pipeline(prefetch=0)  # noqa: E731
+    text = _on_a_terminal(lambda: tracing.trace(loc, build, positions, 30, 30))
+    assert "\r" in text and "replaying to the step" in text and "11/11" in text

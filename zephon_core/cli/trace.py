@@ -27,6 +27,7 @@ from ..checkpoint.trainer_files import HF_STATE_FILE
 from ..errors import ConfigError
 from ..ops.batch import BatchOp
 from ..ops.batch_provenance import COLUMNS
+from ..progress import progress_bar
 from ..sources.base import as_source
 from .checkpoints import hf_step, read_with_step
 from .trace_steps import MicroBatch, StepLayout, skipped_ranges, step_outputs
@@ -175,13 +176,6 @@ def describe_output(out: Any, names: Sequence[str], source: Any) -> dict[str, An
     }
 
 
-def _progress(total: int, show: bool | None) -> Any:
-    from tqdm import tqdm
-
-    show = sys.stderr.isatty() if show is None else show
-    return tqdm(total=total, desc="replay", unit="batch", file=sys.stderr, disable=not show)
-
-
 def trace(
     loc: Located,
     build: Callable[[], Any],
@@ -211,17 +205,20 @@ def trace(
     described: dict[int, dict[str, Any]] = {}
     t0 = time.perf_counter()
     position = loc.position
-    with (
-        pipe.iterate(restore=loc.state, origin=loc.path) as it,
-        _progress(end - position, progress) as bar,
-    ):
-        for out in it:
-            if position in by_position:
-                described[position] = describe_output(out, names, source)
-            position += 1
-            bar.update(1)
-            if position == end:
-                break
+    # a bar on a terminal; nothing in a pipe (the document is the output)
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = progress_bar(end - position, "replaying to the step", "batch", show)
+    try:
+        with pipe.iterate(restore=loc.state, origin=loc.path) as it:
+            for out in it:
+                if position in by_position:
+                    described[position] = describe_output(out, names, source)
+                position += 1
+                bar.update(1)
+                if position == end:
+                    break
+    finally:
+        bar.close()
     seconds = time.perf_counter() - t0
     if position < end:
         raise ConfigError(
