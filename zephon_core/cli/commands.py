@@ -211,8 +211,9 @@ Steps. Without --accum/--dp/--global-batch, --step is a global output position
 (one output = one batch of the pipeline = one micro-batch of one rank).
 With them, --step N is optimizer step N, counted as the trainer counts
 global_step: the step it runs while global_step == N (Lightning's
-self.global_step in training_step; HF logs its loss as step N+1), so
-checkpoint-N (HF) or a .ckpt with global_step N restores to its start.
+self.global_step in training_step, and the step its loggers record; HF's
+logs record that step's loss as step N+1), so checkpoint-N (HF) or a .ckpt
+with global_step N restores to its start.
 Step N is the K = accum x dp x m outputs starting at position
 P + (N - S) x K, where S and P are the checkpoint's step and position
 (a state file: S = P = 0) and m = global-batch / (batch_size x accum x dp)

@@ -15,8 +15,9 @@ micro-step, ``ZephonDataModule`` records the last optimizer-step boundary
 (``zephon_integrations/lightning/steps.py``).
 
 So step ``N`` (0-based: the step the trainer runs while its ``global_step`` is ``N``;
-Lightning's ``self.global_step`` inside ``training_step``; HF logs that step's loss as
-step ``N + 1``) is the ``K`` outputs starting at ``P + (N - S) x K`` for a checkpoint at
+Lightning's ``self.global_step`` inside ``training_step`` and the step its loggers
+record; HF's ``log_history`` records that step's loss as step ``N + 1``, logged after
+the increment) is the ``K`` outputs starting at ``P + (N - S) x K`` for a checkpoint at
 step ``S`` and position ``P``; for a bare state file (no step recorded) ``S = 0`` at
 ``P = 0`` -- the run started at the stream's beginning.
 
