@@ -33,6 +33,10 @@ def build():  # what the run trained with: no provenance
 
 def other():  # another configuration: the checkpoint's restore refuses it
     return reference_pipeline(prefetch=0, seq_len=64)
+
+
+def finite():  # one epoch: about 200 batches
+    return reference_pipeline(prefetch=0, num_epochs=1)
 """
 
 
@@ -153,6 +157,14 @@ def test_trace_refuses_an_unknown_factory_and_one_the_checkpoint_does_not_fit(ru
     assert r.returncode == 2 and "no function 'nope'" in r.stderr
     r = cli("trace", "state.zst", "tracefactory:other", "--step", "25", cwd=work)
     assert r.returncode == 1 and "IncompatibleCheckpoint" in r.stderr, r.stderr
+
+
+def test_trace_past_the_end_of_a_finite_stream_says_so(run):
+    work, _ = run
+    start = reference_pipeline(prefetch=0, num_epochs=1).checkpoint()  # position 0
+    (work / "start.zst").write_bytes(_encoded(start))
+    r = cli("trace", "start.zst", "tracefactory:finite", "--step", "100000", cwd=work)
+    assert r.returncode == 1 and "the stream ended at position" in r.stderr, r.stderr
 
 
 # -- the step mapping -----------------------------------------------------------------
