@@ -9,6 +9,8 @@ Workloads (``--workload``):
 * ``bytes``: ``common.bar_pipeline`` (byte tokens, pack 512, batch 8), the framework's
   own cost with a trivial tokenizer.
 
+``--workers W`` replays behind W DataLoader workers (``zephon trace --workers``).
+
 The checkpoint is a state file at position ``--at`` (default 100). Each distance is
 traced ``--rounds`` times (median, min-max); the replay rate is set against the same
 pipeline's plain ``iterate()`` rate over as many batches (provenance off), so the
@@ -81,12 +83,13 @@ def _plain_rate(build, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def _trace(state: Path, factory: str, step: int) -> tuple[float, dict]:
+def _trace(state: Path, factory: str, step: int, workers: int) -> tuple[float, dict]:
     old = os.getcwd()
     os.chdir(HERE)
     try:
         t0 = time.perf_counter()
-        r = CliRunner().invoke(cli, ["trace", str(state), factory, "--step", str(step), "--json"])
+        args = ["trace", str(state), factory, "--step", str(step), "--workers", str(workers)]
+        r = CliRunner().invoke(cli, [*args, "--json"])
         wall = time.perf_counter() - t0
     finally:
         os.chdir(old)
@@ -102,6 +105,7 @@ def main() -> None:
     ap.add_argument("--near", type=int, default=10)
     ap.add_argument("--far", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=0, help="zephon trace --workers")
     args = ap.parse_args()
     name = FACTORIES[args.workload]
     build = globals()[name]
@@ -109,11 +113,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "state.zst"
         _checkpoint(build, args.at, state)
-        print(f"workload {args.workload}: checkpoint at position {args.at}")
+        print(
+            f"workload {args.workload}: checkpoint at position {args.at}, "
+            f"{args.workers} DataLoader workers"
+        )
         for distance in (args.near, args.far):
             walls, replays = [], []
             for _ in range(args.rounds if distance == args.near else max(1, args.rounds - 2)):
-                wall, doc = _trace(state, factory, args.at + distance)
+                wall, doc = _trace(state, factory, args.at + distance, args.workers)
                 walls.append(wall)
                 replays.append(doc["seconds"])
             rows = sum(len(o["rows"]) for s in doc["steps"] for o in s["outputs"])

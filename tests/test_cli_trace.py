@@ -141,6 +141,22 @@ def test_trace_a_range_of_trainer_steps(run):
     assert "micro-step 1 rank 1 position 31" in text.stdout
 
 
+@pytest.mark.slow  # DataLoader worker processes
+def test_trace_behind_dataloader_workers_reports_the_same(run):
+    work, batches = run
+    args = ["trace", "state.zst", "tracefactory:build", "--step", "10", "--to", "11"]
+    args += ["--accum", "2", "--json"]
+    runs = [cli(*args, "--workers", w, cwd=work) for w in ("0", "2")]
+    assert [r.returncode for r in runs] == [0, 0], runs[1].stderr
+    docs = [json.loads(r.stdout) for r in runs]
+    for d in docs:
+        d.pop("seconds")
+    assert docs[0] == docs[1]
+    for s in docs[1]["steps"]:
+        for out in s["outputs"]:
+            check_output(out, batches[out["position"]])
+
+
 def test_trace_refuses_a_checkpoint_after_the_step(run):
     work, _ = run
     r = cli("trace", "state.zst", "tracefactory:build", "--step", "19", cwd=work)

@@ -183,9 +183,12 @@ def trace(
     first: int,
     last: int,
     progress: bool | None = None,
+    workers: int = 0,
 ) -> dict[str, Any]:
     """Restore ``loc`` into ``build()``'s pipeline with provenance on, replay, and
-    describe the outputs of steps ``first .. last`` (:data:`SCHEMA`).
+    describe the outputs of steps ``first .. last`` (:data:`SCHEMA`). ``workers``:
+    replay behind that many DataLoader worker processes (the same outputs; faster when
+    the pipeline's own work, e.g. tokenizing, dominates).
 
     Raises:
         ConfigError: ``last < first``, the stream ends before the steps, or the pipeline
@@ -209,7 +212,9 @@ def trace(
     show = sys.stderr.isatty() if progress is None else progress
     bar = progress_bar(end - position, "replaying to the step", "batch", show)
     try:
-        with pipe.iterate(restore=loc.state, origin=loc.path) as it:
+        start = dict(restore=loc.state, origin=loc.path)
+        handle = pipe.dataloader(workers, **start) if workers else pipe.iterate(**start)
+        with handle as it:
             for out in it:
                 if position in by_position:
                     described[position] = describe_output(out, names, source)
