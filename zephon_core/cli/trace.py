@@ -16,6 +16,7 @@ The document :func:`trace` returns is what ``--json`` prints (:data:`SCHEMA`).
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,15 @@ def _candidates(directory: Path) -> list[Path]:
     return sorted(found)
 
 
+def _step_hint(path: Path) -> int | None:
+    """The step a checkpoint's name tells: ``checkpoint-N/`` (its trainer_state.json),
+    a Lightning ``...step=N....ckpt``; None otherwise (``last.ckpt``)."""
+    if path.is_dir():
+        return hf_step(path)
+    found = re.search(r"(?:^|[-_])step=(\d+)", path.stem)
+    return int(found.group(1)) if found else None
+
+
 def choose(path: str, lay: StepLayout, step: int, trust_pickle: bool) -> Located:
     """The checkpoint at ``path`` -- or, for a directory of checkpoints (an HF
     ``output_dir``, a Lightning checkpoint directory), the nearest one at or before
@@ -101,21 +111,29 @@ def choose(path: str, lay: StepLayout, step: int, trust_pickle: bool) -> Located
             )
         return loc
     paths = _candidates(p)
-    # HF directories name their step: read only those at or before it (and state files)
-    steps = {c: hf_step(c) for c in paths if c.is_dir()}
-    paths = [c for c in paths if steps.get(c) is None or steps[c] <= step]
-    best: tuple[int, Located] | None = None
-    for c in paths:
+    # Read as few as possible (a .ckpt holds the model; a per-rank state many files):
+    # the step a name tells (checkpoint-N/, Lightning's "step=N"), latest first, and
+    # every checkpoint whose name tells none.
+    hinted = sorted(
+        ((h, c) for c in paths if (h := _step_hint(c)) is not None and h <= step), reverse=True
+    )
+    best: Located | None = None
+    for _, c in hinted:
         loc = Located(str(c), *read_with_step(c, trust_pickle))
-        first = _first_position(loc, lay, step, skipped_ranges(loc.state))
-        if first is not None and (best is None or loc.position > best[0]):
-            best = (loc.position, loc)
+        if _first_position(loc, lay, step, skipped_ranges(loc.state)) is not None:
+            best = loc
+            break
+    for c in (c for c in paths if _step_hint(c) is None):
+        loc = Located(str(c), *read_with_step(c, trust_pickle))
+        if _first_position(loc, lay, step, skipped_ranges(loc.state)) is not None:
+            if best is None or loc.position > best.position:
+                best = loc
     if best is None:
         raise ConfigError(
-            f"{path} holds no checkpoint at or before step {step} ({len(paths)} looked at: "
+            f"{path} holds no checkpoint at or before step {step} ({len(paths)} found: "
             "HF checkpoint-N/ directories and .ckpt files): pass an earlier checkpoint"
         )
-    return best[1]
+    return best
 
 
 def batch_size(pipe: Any) -> int:
