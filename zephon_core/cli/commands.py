@@ -295,6 +295,7 @@ def trace_lines(doc: dict[str, Any]) -> list[str]:
             f"steps are optimizer steps: {m['outputs_per_step']} outputs each (accum "
             f"{m['accum']} x dp {m['dp']} x {m['outputs_per_micro_batch']} per micro-batch), "
             f"step {m['anchor']['step']} at position {m['anchor']['position']}"
+            + (" (a state file records no step: the run's start)" if ck["step"] is None else "")
             if m["trainer_steps"]
             else "steps are global output positions"
         ),
