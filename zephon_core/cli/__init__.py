@@ -7,6 +7,8 @@
 ``zephon verify M:F``     cut, restore and compare (``assert_resume_equivalent``)
 ``zephon bench M:F``      batches/s and tokens/s of your pipeline
 ``zephon convert IN --out DIR``  JSONL(.zst) shards to Parquet shards
+``zephon trace CKPT M:F --step N``  what the model saw at step N: restore, replay, and
+                          describe every row's documents (``trace.py``)
 
 ``M:F`` names a module (importable, or a ``.py`` path) and a zero-argument function in
 it that returns a ``Pipeline``. Built on ``click`` (install ``zephon[cli]``).

@@ -12,6 +12,7 @@ restore would, as far as that needs no pipeline (``checkpoint/restore.py``
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -55,30 +56,59 @@ def read_any(path: str | os.PathLike, trust_pickle: bool = False) -> tuple[dict[
             what was looked for).
         UntrustedCheckpoint: a torch file that names code (see ``torch_files.py``).
     """
+    raw, kind, _ = read_with_step(path, trust_pickle)
+    return raw, kind
+
+
+def read_with_step(
+    path: str | os.PathLike, trust_pickle: bool = False
+) -> tuple[dict[str, Any], str, int | None]:
+    """:func:`read_any`, and the trainer's optimizer step the checkpoint was saved at
+    (HF ``trainer_state.json``'s ``global_step``, a Lightning ``.ckpt``'s
+    ``global_step``), None for a state file."""
     p = Path(path)
     if p.is_dir():
-        f = p / HF_STATE_FILE
-        if not f.exists():
-            raise CorruptCheckpoint(
-                f"{p} is a directory without {HF_STATE_FILE}: not an HF checkpoint written "
-                "with ZephonCallback/ZephonTrainer"
-            )
-        state = codec.decode(codec.read_bytes(f))
-        if rank_files.is_manifest(state):
-            return rank_files.merged_state(state, str(p)), "HF checkpoint directory (per rank)"
-        return state, "HF checkpoint directory"
+        raw, kind = _from_dir(p)
+        return raw, kind, hf_step(p)
     if not p.exists():
         raise CorruptCheckpoint(f"{p} does not exist")
     data = codec.read_bytes(p)
     if data.startswith(codec.MAGIC):
-        return codec.decode(data), "Zephon state file"
-    return _from_torch(p, trust_pickle)
-
-
-def _from_torch(p: Path, trust_pickle: bool) -> tuple[dict[str, Any], str]:
+        return codec.decode(data), "Zephon state file", None
     ckpt = load_torch_file(p, trust_pickle)
     if not isinstance(ckpt, dict):
         raise CorruptCheckpoint(f"{p} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    step = ckpt.get("global_step")
+    raw, kind = _from_torch(p, ckpt)
+    return raw, kind, step if isinstance(step, int) else None
+
+
+def hf_step(p: Path) -> int | None:
+    """The optimizer step of an HF ``checkpoint-N/``: its ``trainer_state.json``, else N."""
+    try:
+        step = json.loads((p / "trainer_state.json").read_text()).get("global_step")
+    except (OSError, ValueError):
+        step = None
+    if isinstance(step, int):
+        return step
+    tail = p.name.rpartition("-")[2]
+    return int(tail) if p.name.startswith("checkpoint-") and tail.isdigit() else None
+
+
+def _from_dir(p: Path) -> tuple[dict[str, Any], str]:
+    f = p / HF_STATE_FILE
+    if not f.exists():
+        raise CorruptCheckpoint(
+            f"{p} is a directory without {HF_STATE_FILE}: not an HF checkpoint written "
+            "with ZephonCallback/ZephonTrainer"
+        )
+    state = codec.decode(codec.read_bytes(f))
+    if rank_files.is_manifest(state):
+        return rank_files.merged_state(state, str(p)), "HF checkpoint directory (per rank)"
+    return state, "HF checkpoint directory"
+
+
+def _from_torch(p: Path, ckpt: dict[str, Any]) -> tuple[dict[str, Any], str]:
     manifest = lightning_manifest(ckpt)
     if manifest is not None:  # state_layout="per_rank": the rank files beside it
         return rank_files.merged_state(manifest, str(p.parent)), "Lightning checkpoint (per rank)"

@@ -201,6 +201,138 @@ def diff(a: str, b: str, allow_changes: str, trust_pickle: bool) -> None:
         click.echo(f"  {line}")
 
 
+TRACE_HELP = """What the model saw at a step: restore CHECKPOINT into FACTORY's pipeline
+with provenance on, replay to the step without a model, and print every row of its
+batches -- datasets, dataset rows, epochs, token ranges, a text snippet of each
+document (when its dataset row has text) and the tokens per dataset.
+
+\b
+CHECKPOINT: a state file, a Lightning .ckpt or an HF checkpoint-N/ at or
+before the step; or a directory of them (an HF output_dir, a Lightning
+checkpoint directory): the nearest at or before the step is used.
+
+\b
+Steps. Without --accum/--dp/--global-batch, --step is a global output position
+(one output = one batch of the pipeline = one micro-batch of one rank).
+With them, --step N is optimizer step N, counted as the trainer counts
+global_step: the step it runs while global_step == N (Lightning's
+self.global_step in training_step, and the step its loggers record; HF's
+logs record that step's loss as step N+1), so checkpoint-N (HF) or a .ckpt
+with global_step N restores to its start.
+Step N is the K = accum x dp x m outputs starting at position
+P + (N - S) x K, where S and P are the checkpoint's step and position
+(a state file: S = P = 0) and m = global-batch / (batch_size x accum x dp)
+(1 without --global-batch). In a step, micro-step a of rank r is the m
+outputs from P + (N - S) x K + (a x dp + r) x m.
+
+--to M traces steps N..M (inclusive). A progress bar shows the replay on a
+terminal. --json prints a document (schema 1): checkpoint {path, kind, step,
+position}, datasets, mapping {trainer_steps, accum, dp,
+outputs_per_micro_batch, outputs_per_step, anchor {step, position}},
+steps_traced [N, M], replayed, seconds, steps [{step, positions [lo, hi),
+skipped [[lo, hi)...], tokens {dataset: n}, outputs [{position, micro_step,
+rank, tokens, rows [{row, segments [{offset, dataset, dataset_name,
+dataset_row, epoch, token_start, token_end, tokens, snippet}]}]}]}], tokens.
+Exit code 1 when the checkpoint is after the step or the pipeline refuses it."""
+
+
+@cli.command(
+    short_help="What the model saw at a step: rows, documents, token ranges.", help=TRACE_HELP
+)
+@click.argument("checkpoint", type=click.Path(exists=True))
+@click.argument("factory")
+@click.option("--step", "step", type=click.IntRange(min=0), required=True, help="The step.")
+@click.option("--to", "to", type=click.IntRange(min=0), default=None, help="The last step.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+@click.option(
+    "--global-batch", type=click.IntRange(min=1), default=None, help="Rows per optimizer step."
+)
+@click.option(
+    "--accum", type=click.IntRange(min=1), default=None, help="Gradient accumulation steps."
+)
+@click.option("--dp", type=click.IntRange(min=1), default=None, help="Data-parallel ranks.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Replay behind DataLoader workers (the same outputs, faster when tokenizing dominates).",
+)
+@TRUST_PICKLE
+def trace(
+    checkpoint: str,
+    factory: str,
+    step: int,
+    to: int | None,
+    as_json: bool,
+    global_batch: int | None,
+    accum: int | None,
+    dp: int | None,
+    workers: int,
+    trust_pickle: bool,
+) -> None:
+    from . import trace as tracing
+    from .trace_steps import layout
+
+    pipe = _build(factory)
+    try:
+        lay = layout(tracing.batch_size(pipe), global_batch, accum, dp)
+        loc = tracing.choose(checkpoint, lay, step, trust_pickle)
+        last = step if to is None else to
+        doc = tracing.trace(loc, pipe.description, lay, step, last, workers=workers)
+    except ZephonError as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from None
+    doc["factory"] = factory
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for line in trace_lines(doc):
+        click.echo(line)
+
+
+def trace_lines(doc: dict[str, Any]) -> list[str]:
+    """The text ``zephon trace`` prints of a trace document."""
+    ck, m = doc["checkpoint"], doc["mapping"]
+    at = f"step {ck['step']}, " if ck["step"] is not None else ""
+    lines = [
+        f"{ck['kind']} {ck['path']} ({at}position {ck['position']}), factory {doc['factory']}",
+        (
+            f"steps are optimizer steps: {m['outputs_per_step']} outputs each (accum "
+            f"{m['accum']} x dp {m['dp']} x {m['outputs_per_micro_batch']} per micro-batch), "
+            f"step {m['anchor']['step']} at position {m['anchor']['position']}"
+            + (" (a state file records no step: the run's start)" if ck["step"] is None else "")
+            if m["trainer_steps"]
+            else "steps are global output positions"
+        ),
+        f"replayed {doc['replayed']} outputs in {doc['seconds']:.2f} s",
+    ]
+    for s in doc["steps"]:
+        lo, hi = s["positions"]
+        lines.append(f"step {s['step']} (positions {lo}..{hi - 1}): {_token_line(s['tokens'])}")
+        for lo, hi in s["skipped"]:
+            lines.append(f"  positions {lo}..{hi - 1}: skipped (handed to no trainer)")
+        for out in s["outputs"]:
+            lines.append(
+                f"  micro-step {out['micro_step']} rank {out['rank']} position "
+                f"{out['position']}: {_token_line(out['tokens'])}"
+            )
+            for row in out["rows"]:
+                for i, seg in enumerate(row["segments"]):
+                    head = f"    row {row['row']:>3}" if i == 0 else " " * 11
+                    snippet = f"  {seg['snippet']!r}" if seg["snippet"] is not None else ""
+                    lines.append(
+                        f"{head} @{seg['offset']:<5} {seg['dataset_name']}[{seg['dataset_row']}] "
+                        f"epoch {seg['epoch']} tokens {seg['token_start']}..{seg['token_end']}"
+                        f"{snippet}"
+                    )
+    lines.append(f"total: {_token_line(doc['tokens'])}")
+    return lines
+
+
+def _token_line(tokens: dict[str, int]) -> str:
+    return "tokens " + ", ".join(f"{name} {n}" for name, n in tokens.items())
+
+
 @cli.command(short_help="Show the plan of a FACTORY's pipeline: stages, runners, queues.")
 @click.argument("factory")
 def explain(factory: str) -> None:
