@@ -246,3 +246,27 @@ def test_the_replay_shows_a_bar_on_a_terminal_and_nothing_in_a_pipe(run):
     build = lambda: reference_pipeline(prefetch=0)  # noqa: E731
     text = _on_a_terminal(lambda: tracing.trace(loc, build, positions, 30, 30))
     assert "\r" in text and "replaying to the step" in text and "11/11" in text
+
+
+def test_trace_reports_a_recorded_skip_as_skipped_and_the_rest_exactly(run):
+    """A state whose run skips positions 30..32 (``skip_batches``, recorded in it): the
+    trace labels them skipped, and the outputs around them are the uninterrupted ones."""
+    from zephon_core import Pipeline
+
+    work, batches = run
+    state = Pipeline.load(str(work / "state.zst"))
+    with reference_pipeline(prefetch=0).iterate(
+        restore=state, skip_batches=[(30, 33)], allow_changes={"skip"}
+    ) as it:
+        (work / "skipping.zst").write_bytes(_encoded(it.checkpoint()))
+    r = cli("trace", "skipping.zst", "tracefactory:build", "--step", "28", "--to", "36",
+            "--json", cwd=work)  # fmt: skip
+    assert r.returncode == 0, r.output
+    doc = json.loads(r.stdout)
+    steps = {s["step"]: s["positions"] for s in doc["steps"]}
+    # steps count what the trainer was handed: step 30 is position 33
+    assert steps[29] == [29, 30] and steps[30] == [33, 34], steps
+    outs = [o for s in doc["steps"] for o in s["outputs"]]
+    assert outs and {o["position"] for o in outs} & {28, 29, 33, 34}
+    for out in outs:
+        check_output(out, batches[out["position"]])

@@ -230,7 +230,9 @@ def trace(
     show = sys.stderr.isatty() if progress is None else progress
     bar = progress_bar(end - position, "replaying to the step", "batch", show)
     try:
-        start = dict(restore=loc.state, origin=loc.path)
+        start: dict[str, Any] = dict(restore=loc.state, origin=loc.path)
+        if skipped:  # produce the skipped outputs too: the trace labels them as skipped
+            start.update(skip_batches=[], allow_changes={"skip"})
         handle = pipe.dataloader(workers, **start) if workers else pipe.iterate(**start)
         with handle as it:
             for out in it:

@@ -39,9 +39,11 @@ __all__ = ["MicroBatch", "StepLayout", "handed_positions", "layout", "skipped_ra
 
 def skipped_ranges(state: dict[str, Any]) -> list[tuple[int, int]]:
     """The global positions ``[start, end)`` the restored ``state`` skips (hands to no
-    trainer), sorted and disjoint. The one place ``zephon trace`` learns them: a state
-    records no skips yet, so none."""
-    return []
+    trainer), sorted and disjoint: what it records (``checkpoint/data_changes.py``). The
+    one place ``zephon trace`` learns them."""
+    from ..checkpoint.data_changes import skipped_ranges as recorded
+
+    return [(int(a), int(b)) for a, b in recorded(state)]
 
 
 @dataclass(frozen=True)
