@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import cli
 from helpers import CODE, PROSE, byte_tokenize, make_docs, reference_pipeline, worker_env
 
 import zephon_core
@@ -183,23 +183,6 @@ def test_a_bad_factory_is_a_usage_error(work):
 
 # In process below (click's runner calls the same command functions; a fresh process
 # per call would cost ~2 s of imports each).
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``zephon ARGS`` run in this process, in ``cwd``; an unexpected exception fails."""
-    from click.testing import CliRunner
-
-    from zephon_core.cli.commands import cli as command
-
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(command, list(args))
-    finally:
-        os.chdir(old)
-    if r.exception is not None and not isinstance(r.exception, SystemExit):
-        raise r.exception
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 # -- torch files are read without running code from them ----------------------------------

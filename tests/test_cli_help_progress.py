@@ -4,15 +4,9 @@ terminal, one plain line per converted shard anywhere else."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
-import struct
-import sys
-import termios
-import threading
 
+from cli_helpers import terminal_output
 from click.testing import CliRunner
 
 from zephon_core.cli.commands import cli
@@ -51,39 +45,9 @@ def test_convert_prints_a_line_per_shard_into_a_pipe(tmp_path):
     assert "wrote 3 Parquet shard(s)" in result.stdout
 
 
-def _terminal_output(run) -> str:
-    """What ``run()`` writes to ``sys.stderr`` when that is a terminal: a pseudo-terminal
-    of 24x100 (a zero-width one shows no bar), read by a thread while ``run`` writes."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    shown: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                data = os.read(master, 4096)
-            except OSError:  # EIO: the terminal's other side is closed
-                return
-            if not data:
-                return
-            shown.append(data)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    with os.fdopen(slave, "w") as tty:
-        saved, sys.stderr = sys.stderr, tty
-        try:
-            run()
-        finally:
-            sys.stderr = saved
-    reader.join(timeout=600)  # a hang guard: it ends when the closed side is drained
-    os.close(master)
-    return b"".join(shown).decode()
-
-
 def test_convert_on_a_terminal_shows_a_bar_with_the_rows_of_the_shard(tmp_path):
     inputs = _shards(tmp_path / "raw", 2, 5)
-    text = _terminal_output(
+    text = terminal_output(
         lambda: jsonl_to_parquet(inputs, str(tmp_path / "pq"), row_group_rows=2, progress=True)
     )
     assert "\r" in text  # redrawn in place: a bar, not lines

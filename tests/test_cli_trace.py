@@ -3,18 +3,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
-import struct
-import subprocess
-import sys
-import termios
-import threading
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli, terminal_output
 from helpers import CODE, PROSE, byte_tokenize, reference_pipeline
 
 from zephon_core.cli.trace import SNIPPET_CHARS
@@ -38,23 +31,6 @@ def other():  # another configuration: the checkpoint's restore refuses it
 def finite():  # one epoch: about 200 batches
     return reference_pipeline(prefetch=0, num_epochs=1)
 """
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``zephon ARGS`` in this process (click's runner), in ``cwd``."""
-    from click.testing import CliRunner
-
-    from zephon_core.cli.commands import cli as command
-
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(command, list(args))
-    finally:
-        os.chdir(old)
-    if r.exception is not None and not isinstance(r.exception, SystemExit):
-        raise r.exception
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -206,35 +182,6 @@ def test_step_outputs_with_several_outputs_per_micro_batch():
 # -- progress: a bar on a terminal, nothing in a pipe -------------------------------------
 
 
-def _on_a_terminal(run) -> str:
-    """What ``run()`` writes to ``sys.stderr`` when that is a 24x100 pseudo-terminal."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    shown: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                data = os.read(master, 4096)
-            except OSError:  # EIO: the other side is closed
-                return
-            if not data:
-                return
-            shown.append(data)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    with os.fdopen(slave, "w") as tty:
-        saved, sys.stderr = sys.stderr, tty
-        try:
-            run()
-        finally:
-            sys.stderr = saved
-    reader.join(timeout=600)  # a hang guard: it ends once the closed side is drained
-    os.close(master)
-    return b"".join(shown).decode()
-
-
 def test_the_replay_shows_a_bar_on_a_terminal_and_nothing_in_a_pipe(run):
     from zephon_core.cli import trace as tracing
 
@@ -244,7 +191,7 @@ def test_the_replay_shows_a_bar_on_a_terminal_and_nothing_in_a_pipe(run):
     positions = layout(4, None, None, None)
     loc = tracing.choose(str(work / "state.zst"), positions, 30, False)
     build = lambda: reference_pipeline(prefetch=0)  # noqa: E731
-    text = _on_a_terminal(lambda: tracing.trace(loc, build, positions, 30, 30))
+    text = terminal_output(lambda: tracing.trace(loc, build, positions, 30, 30))
     assert "\r" in text and "replaying to the step" in text and "11/11" in text
 
 
