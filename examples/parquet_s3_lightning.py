@@ -134,6 +134,11 @@ def main() -> None:
     if reads:
         print("reads of run C (summed over its workers):", reads)
     if not same:
+        for (s, fa, la), (_, fb, lb) in zip(tail, again):
+            if fa != fb or la != lb:
+                print(f"  step {s:3d} differs: batch {fa} vs {fb}   loss {la!r} vs {lb!r}")
+        if len(tail) != len(again):
+            print(f"  run A has {len(tail)} steps after {n}, run C has {len(again)}")
         raise SystemExit("\nSTREAMS DIFFER after the resume")
     print(f"\nidentical: the {len(tail)} batches and losses after the resume match, bit for bit.")
 
