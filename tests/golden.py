@@ -45,7 +45,7 @@ def tokenize(payload: dict) -> dict:
     return {"input_ids": np.frombuffer(payload["text"].encode(), dtype=np.uint8).astype(np.int64)}
 
 
-def build() -> Pipeline:
+def build(strategy: str = "first_fit") -> Pipeline:
     src = StaticMixtureWorkSource(
         {"prose": PROSE, "code": CODE}, {"prose": 0.6, "code": 0.4}, chunk_size=4, seed=3
     )
@@ -54,7 +54,7 @@ def build() -> Pipeline:
         .fetch()
         .map(tokenize, name="tokenize", version="v1")
         .split(max_len=48)
-        .pack(seq_len=48, bins=2)
+        .pack(seq_len=48, bins=2, strategy=strategy)  # first fit: the states were written so
         .shuffle(buffer_size=4)
         .batch(batch_size=2)
     )

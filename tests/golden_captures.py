@@ -137,7 +137,7 @@ def build(case: str) -> Pipeline:
     return (
         pipe.map(fn, name="tokenize")
         .split(max_len=48)
-        .pack(seq_len=48, bins=2)
+        .pack(seq_len=48, bins=2, strategy="first_fit")  # the states were written so
         .shuffle(buffer_size=4)
         .batch(batch_size=2)
     )

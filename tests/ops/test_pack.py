@@ -1,4 +1,5 @@
-"""pack: online first-fit packing, exactly as ops/pack.py states it (docs/design.md §4).
+"""pack(strategy="first_fit"): online first-fit packing, exactly as ops/pack.py states it
+(docs/design.md §4). Best fit, the default, is tested in test_pack_best_fit.py.
 
 * a fragment goes into the lowest-index bin with room;
 * a bin that becomes exactly full is emitted;
@@ -31,8 +32,8 @@ def groups(records):
     return [[c.offset for c in r.contributors] for r in records]
 
 
-def packer(seq_len=10, bins=3):
-    return bind(PackOp(seq_len, bins))
+def packer(seq_len=10, bins=3, strategy="first_fit"):
+    return bind(PackOp(seq_len, bins, strategy=strategy))
 
 
 def test_first_fit_lowest_index_exactly_full_and_fullest_eviction():
@@ -155,7 +156,7 @@ def test_lanes_are_independent():
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(seq_len=0), dict(seq_len=1.5), dict(bins=0), dict(strategy="best_fit")]
+    "kw", [dict(seq_len=0), dict(seq_len=1.5), dict(bins=0), dict(strategy="worst_fit")]
 )
 def test_bad_config(kw):
     args = dict(seq_len=8, bins=2) | kw
@@ -270,7 +271,7 @@ def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bin
         )
         .fetch()
         .split(max_len=seq_len)
-        .pack(seq_len=seq_len, bins=bins),
+        .pack(seq_len=seq_len, bins=bins, strategy="first_fit"),
         n_out,
     )
     assert len(got) == n_out
@@ -336,7 +337,7 @@ def test_non_integer_or_2d_token_ids_are_refused_not_truncated(tokens, words):
     from zephon_core.errors import ContractViolation
 
     r = rec(0, 0, payload={"input_ids": tokens})
-    op = bind(PackOp(seq_len=16))
+    op = bind(PackOp(seq_len=16))  # the default strategy: the check is the same
     with pytest.raises(ContractViolation, match="'pack'") as ei:
         feed(op, [r])
         op.flush()  # float ids are caught when the bin is emitted, 2-D at once

@@ -108,6 +108,11 @@ def admit(
             if diff and not other
             else " Rebuild the pipeline exactly as it was when the checkpoint was taken."
         )
+        if any(_old_default_pack(line) for line in other):
+            hint = (
+                " pack() packs best fit by default now and this state was written by first "
+                "fit: build the pipeline with pack(..., strategy='first_fit') to resume it."
+            )
         if changed_fns and diff and all(_lengths_line(line) for line in diff):
             hint = (
                 f" The estimated token lengths moved with the changed {changed_fns}: to "
@@ -150,6 +155,11 @@ def allowed_changes(allow_changes: Iterable[str], where: str = "allow_changes") 
             f"{where}={sorted(allowed)}: unknown {unknown}; use any of {sorted(ALLOWED_CHANGES)}"
         )
     return allowed
+
+
+def _old_default_pack(line: str) -> bool:
+    """A diff line of a pack operator that packed first fit, the default before best fit."""
+    return line.endswith(".strategy: 'first_fit' in checkpoint, 'best_fit' now")
 
 
 def _lengths_line(line: str) -> bool:

@@ -320,8 +320,12 @@ class Pipeline:
         return self.then(SplitOp(max_len, key, bos_id=bos_id, eos_id=eos_id))
 
     def pack(
-        self, seq_len: int, bins: int = 8, strategy: str = "first_fit", key: str = "input_ids"
+        self, seq_len: int, bins: int = 8, strategy: str = "best_fit", key: str = "input_ids"
     ) -> Pipeline:
+        """Pack fragments into rows of at most ``seq_len`` tokens, online into ``bins`` open
+        bins: ``strategy="best_fit"`` (the fullest bin with room) or ``"first_fit"`` (the
+        lowest-index bin with room; the default before best fit). A flush emits the open
+        bins partly filled (``ops/pack.py``; costs in ``docs/operators.md``)."""
         return self.then(PackOp(seq_len, bins, key, strategy))
 
     def shuffle(self, buffer_size: int) -> Pipeline:

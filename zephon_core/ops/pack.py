@@ -1,8 +1,13 @@
-"""pack: online first-fit packing of token fragments into ``bins`` open bins.
+"""pack: online packing of token fragments into ``bins`` open bins, first fit or best fit.
 
 Exact rules, per lane (one instance per lane; a flush hands the lane a fresh one):
 
-* a fragment goes into the lowest-index bin with room for it;
+* ``strategy="best_fit"`` (the default): a fragment goes into the bin with the least
+  room that still holds it (ties: lowest index), so an empty bin is opened only when no
+  partly filled one has room -- the bins a flush emits partly filled are fewer and fuller
+  (``benchmarks/bench_padding.py``);
+* ``strategy="first_fit"``: into the lowest-index bin with room for it (the default
+  before best fit: states written with it name it in their configuration);
 * a bin that becomes exactly full is emitted, and its slot is empty again;
 * if no bin has room, the fullest bin (ties: lowest index) is emitted and the
   fragment starts a new bin in that slot;
@@ -27,6 +32,10 @@ from ..validate import int_arg
 from .base import Operator, OpTraits, check_tokens
 
 
+#: the packing rules ``pack(strategy=)`` accepts (the module docstring states them)
+STRATEGIES = ("first_fit", "best_fit")
+
+
 class _Bin:
     __slots__ = ("fill", "parts", "lens")
 
@@ -44,13 +53,13 @@ class PackOp(Operator):
         seq_len: int,
         bins: int = 8,
         key: str = "input_ids",
-        strategy: str = "first_fit",
+        strategy: str = "best_fit",
         name: str = "pack",
     ):
         seq_len = int_arg("seq_len", seq_len, minimum=1, where="pack")
         bins = int_arg("bins", bins, minimum=1, where="pack")
-        if strategy != "first_fit":
-            raise ConfigError(f"pack(strategy={strategy!r}): only 'first_fit' is supported")
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"pack(strategy={strategy!r}): use one of {STRATEGIES}")
         self.seq_len = seq_len
         self.bins = bins
         self.key = key
@@ -90,6 +99,20 @@ class PackOp(Operator):
             contributors,
         )
 
+    def _first_fit(self, n: int) -> _Bin | None:
+        room = self.seq_len - n
+        for b in self._open:
+            if b.fill <= room:
+                return b
+        return None
+
+    def _best_fit(self, n: int) -> _Bin | None:
+        room, best = self.seq_len - n, None
+        for b in self._open:  # the fullest bin that holds n; strict >: ties to the lowest index
+            if b.fill <= room and (best is None or b.fill > best.fill):
+                best = b
+        return best
+
     def process(self, record: Record) -> list[Record]:
         try:
             n = len(record.payload[self.key])  # ids are checked once per emitted bin
@@ -108,16 +131,16 @@ class PackOp(Operator):
         if n == 0:
             return [record.to_tombstone()]
         bins = self._open
-        for b in bins:
-            if b.fill + n <= seq_len:
-                b.parts.append(record)
-                b.lens.append(n)
-                b.fill += n
-                return [self._emit(b)] if b.fill == seq_len else []
+        b = self._best_fit(n) if self.strategy == "best_fit" else self._first_fit(n)
+        if b is not None:
+            b.parts.append(record)
+            b.lens.append(n)
+            b.fill += n
+            return [self._emit(b)] if b.fill == seq_len else []
         fullest = bins[0]
-        for b in bins:
-            if b.fill > fullest.fill:
-                fullest = b
+        for other in bins:
+            if other.fill > fullest.fill:
+                fullest = other
         out = self._emit(fullest)
         fullest.parts.append(record)
         fullest.lens.append(n)

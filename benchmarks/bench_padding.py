@@ -1,0 +1,307 @@
+"""Padding: the real-token fraction of packed rows against ``flush_every_k_chunks``,
+``bins``, the shuffle buffer and the packing strategy, and what each knob costs in replay.
+
+The workload is the examples': 0.7/0.3 prose/code (document weights), chunks of 16
+documents, byte-level BPE with 8,192 tokens (trained here on the embedded corpus; a
+lookup of the ids it gives, so the token counts are the tokenizer's), ``split(2048)`` ->
+``pack(2048)`` -> ``shuffle`` (after pack, as in the examples) -> ``batch(8)``. Two corpora:
+
+* ``demo``: one document per ``pydoc`` topic and per standard-library module
+  (median 401 / 4,292 tokens);
+* ``long``: the same text joined into long documents, 16 consecutive topics or 8
+  consecutive modules each (~23k / ~57k tokens).
+
+Real-token fraction = tokens / (rows x 2048): every packed row becomes one row of a
+``[8, 2048]`` batch (``pad_to="max"``), so it is the share of a trainer's batch that is
+not padding. Measured on one lane over a fixed number of flush epochs (each lane packs
+alone: more lanes change nothing but the sampling); deterministic, so no rounds.
+
+Replay cost, measured on the examples' 4 lanes with ``batch(8)``: checkpoints at several
+steps; per checkpoint the chunks a restore replays (``state["lanes"][i]["chunks"]``, what
+restore reads and re-processes), the documents processed before the first batch after a
+restore (the critical path, no pump thread), and the wall time to that batch (compile,
+admission, replay), median and min-max over cuts x rounds, knobs interleaved per round.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_throughput import BpeTokenize, LookupIds, train_tokenizer  # noqa: E402
+
+from zephon_core import Pipeline, StaticMixtureWorkSource  # noqa: E402
+from zephon_core.testing import corpora  # noqa: E402
+
+SEQ, CHUNK, BATCH, SEED = 2048, 16, 8, 1234
+WEIGHTS = {"prose": 0.7, "code": 0.3}
+KS, BINS, SHUFFLES = (1, 2, 4, 8, 16), (8, 16, 32, 64), (0, 64, 256)
+STRATEGIES = ("first_fit", "best_fit")
+EPOCHS = 12  # flush epochs per measurement
+MIN_ROWS = 3000
+#: replay: the knobs varied one at a time around the examples' setting
+REPLAY_LANES, REPLAY_BASE = 4, {"k": 2, "bins": 8, "shuffle": 64, "strategy": "first_fit"}
+REPLAY_CUTS = (60, 130, 210)
+
+
+# -- the corpora ---------------------------------------------------------------------------
+def _joined(docs: tuple[dict, ...], per: int, tag: str) -> tuple[dict, ...]:
+    groups = [docs[i : i + per] for i in range(0, len(docs), per)]
+    return tuple(
+        {"text": "\n\n".join(d["text"] for d in g), "id": f"{tag}:{i}"}
+        for i, g in enumerate(groups)
+    )
+
+
+def corpus(name: str) -> dict[str, tuple[dict, ...]]:
+    prose, code = corpora.prose(), corpora.code()
+    if name == "demo":
+        return {"prose": prose, "code": code}
+    return {"prose": _joined(prose, 16, "long-topics"), "code": _joined(code, 8, "long-modules")}
+
+
+def lookup_table() -> tuple[LookupIds, dict[str, dict[str, float]]]:
+    """Ids of every document of both corpora by the real tokenizer, and their lengths."""
+    tok = BpeTokenize(train_tokenizer())
+    table: dict[str, np.ndarray] = {}
+    lengths: dict[str, dict[str, float]] = {}
+    for name in ("demo", "long"):
+        for comp, docs in corpus(name).items():
+            ids = tok.encode([d["text"] for d in docs])
+            table.update(zip((d["id"] for d in docs), ids))
+            n = np.array([len(x) for x in ids])
+            lengths[f"{name}/{comp}"] = {
+                "documents": len(docs),
+                "median_tokens": float(np.median(n)),
+                "mean_tokens": round(float(n.mean()), 1),
+            }
+    return LookupIds(table, "lookup:" + tok.zephon_fingerprint()), lengths
+
+
+# -- the pipeline --------------------------------------------------------------------------
+def pipeline(
+    name: str,
+    fn: Callable,
+    *,
+    k: int,
+    bins: int,
+    shuffle: int,
+    strategy: str,
+    lanes: int = 1,
+    batch: bool = False,
+    prefetch: int = 0,
+) -> Pipeline:
+    source = StaticMixtureWorkSource(corpus(name), WEIGHTS, chunk_size=CHUNK, seed=SEED)
+    pipe = (
+        Pipeline(
+            source, canonical_replicas=lanes, flush_every_k_chunks=k, seed=SEED, prefetch=prefetch
+        )
+        .fetch()
+        .map(fn, batched=True, name="tokenize")
+        .split(max_len=SEQ)
+        .pack(seq_len=SEQ, bins=bins, strategy=strategy)
+    )
+    if shuffle:
+        pipe = pipe.shuffle(buffer_size=shuffle)
+    return pipe.batch(batch_size=BATCH) if batch else pipe
+
+
+def real_fraction(pipe: Pipeline, rows: int) -> dict[str, Any]:
+    """Tokens over ``rows`` x SEQ of the first ``rows`` packed rows."""
+    with pipe.iterate() as it:
+        n = sum(len(r["input_ids"]) for r in itertools.islice(it, rows))
+    return {"rows": rows, "real_fraction": n / (rows * SEQ)}
+
+
+def rows_for(name: str, k: int, tokens_per_doc: float) -> int:
+    """Rows that cover EPOCHS flush epochs of one lane (at least MIN_ROWS)."""
+    per_epoch = k * CHUNK * tokens_per_doc / SEQ
+    return max(MIN_ROWS, int(EPOCHS * per_epoch))
+
+
+def padding_grid(fn: Callable, lengths: dict, quick: bool) -> list[dict]:
+    ks, bins_, shuffles = (KS[:3], BINS[:2], SHUFFLES[:2]) if quick else (KS, BINS, SHUFFLES)
+    out = []
+    for name in ("demo", "long"):
+        per_doc = sum(w * lengths[f"{name}/{c}"]["mean_tokens"] for c, w in WEIGHTS.items())
+        for k, bins, shuffle, strategy in itertools.product(ks, bins_, shuffles, STRATEGIES):
+            rows = rows_for(name, k, per_doc) // (4 if quick else 1)
+            knobs = {"k": k, "bins": bins, "shuffle": shuffle, "strategy": strategy}
+            res = real_fraction(pipeline(name, fn, **knobs), rows)
+            out.append({"corpus": name, **knobs, **res})
+    return out
+
+
+# -- replay --------------------------------------------------------------------------------
+def _replay_variants(quick: bool) -> dict[str, dict]:
+    base = REPLAY_BASE
+    variants = {"base": dict(base)}
+    for k in (1, 4, 8, 16) if not quick else (8,):
+        variants[f"k={k}"] = {**base, "k": k}
+    for bins in (16, 32, 64) if not quick else (32,):
+        variants[f"bins={bins}"] = {**base, "bins": bins}
+    for shuffle in (0, 256):
+        variants[f"shuffle={shuffle}"] = {**base, "shuffle": shuffle}
+    variants["best_fit"] = {**base, "strategy": "best_fit"}
+    return variants
+
+
+def _first_batch(build: Callable[[], Pipeline], state: dict) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    it = build().iterate(restore=state)
+    next(it)
+    ms = 1000 * (time.perf_counter() - t0)
+    docs = it.stats()["operators"]["fetch"]["records_in"]  # exact: no pump thread
+    it.close()
+    return ms, docs
+
+
+def replay_costs(fn: Callable, quick: bool, rounds: int) -> dict[str, dict]:
+    variants = _replay_variants(quick)
+    builds = {
+        v: (lambda kn=kn: pipeline("demo", fn, lanes=REPLAY_LANES, batch=True, **kn))
+        for v, kn in variants.items()
+    }
+    states: dict[str, list[dict]] = {}
+    chunks: dict[str, list[int]] = {}
+    for v, build in builds.items():
+        states[v] = []
+        with build().iterate() as it:
+            for i, _ in enumerate(itertools.islice(it, max(REPLAY_CUTS)), 1):
+                if i in REPLAY_CUTS:
+                    states[v].append(it.checkpoint())
+        chunks[v] = [len(lane["chunks"]) for s in states[v] for lane in s["lanes"]]
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    docs: dict[str, list[int]] = {v: [] for v in variants}
+    names = list(variants)
+    for r in range(rounds):  # A B C ... then reversed: noise hits every variant alike
+        for v in names if r % 2 == 0 else reversed(names):
+            for state in states[v]:
+                ms, d = _first_batch(builds[v], state)
+                times[v].append(ms)
+                docs[v].append(d)
+    return {
+        v: {
+            **variants[v],
+            "chunks_per_lane_mean": round(statistics.mean(chunks[v]), 2),
+            "chunks_per_lane_max": max(chunks[v]),
+            "documents_to_first_batch_median": statistics.median(docs[v]),
+            "restore_ms_median": round(statistics.median(times[v]), 1),
+            "restore_ms_min_max": [round(min(times[v]), 1), round(max(times[v]), 1)],
+        }
+        for v in variants
+    }
+
+
+# -- the run -------------------------------------------------------------------------------
+def main(quick: bool = False) -> dict:
+    t0, load_start = time.perf_counter(), os.getloadavg()
+    fn, lengths = lookup_table()
+    grid = padding_grid(fn, lengths, quick)
+    replay = replay_costs(fn, quick, rounds=2 if quick else 5)
+    return {
+        "workload": f"split/pack {SEQ}, chunks of {CHUNK}, 0.7/0.3 documents, BPE 8192 ids "
+        "looked up; shuffle after pack",
+        "corpora": lengths,
+        "grid": grid,
+        "replay": replay,
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "load_average_start_end": [
+            [round(x, 2) for x in load_start],
+            [round(x, 2) for x in os.getloadavg()],
+        ],
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def tables(result: dict) -> list[dict]:
+    grid = result["grid"]
+    load = result["load_average_start_end"]
+    out = []
+    shuffles = sorted({g["shuffle"] for g in grid})
+    for name in ("demo", "long"):
+        rows = [g for g in grid if g["corpus"] == name]
+        ks = sorted({g["k"] for g in rows})
+        bins_ = sorted({g["bins"] for g in rows})
+        at = {(g["k"], g["bins"], g["shuffle"], g["strategy"]): g["real_fraction"] for g in rows}
+        body = []
+        for strategy in STRATEGIES:
+            for bins in bins_:
+                cells = [_pct(at[(k, bins, shuffles[0], strategy)]) for k in ks]
+                body.append([strategy, str(bins), *cells])
+        same = all(
+            at[(k, b, s, st)] == at[(k, b, shuffles[0], st)]
+            for k in ks
+            for b in bins_
+            for s in shuffles
+            for st in STRATEGIES
+        )
+        out.append(
+            {
+                "title": f"Real-token fraction at seq_len {SEQ}, {name} corpus",
+                "columns": ["strategy", "bins", *[f"k={k}" for k in ks]],
+                "rows": body,
+                "note": (
+                    f"k = flush_every_k_chunks, chunks of {CHUNK} documents; "
+                    f"{EPOCHS} flush epochs (>= {MIN_ROWS} rows) of one lane per cell. "
+                    f"Shuffle buffers {shuffles} after pack: "
+                    + ("identical fractions (it reorders rows, it makes none)." if same else
+                       "fractions differ with the shuffle buffer (see the JSON).")
+                ),
+            }
+        )
+    replay = result["replay"]
+    out.append(
+        {
+            "title": "Replay cost of each knob (demo corpus, 4 lanes, batch 8)",
+            "columns": [
+                "variant",
+                "chunks replayed per lane (mean / max)",
+                "documents to the first batch",
+                "restore to first batch, ms (median, min-max)",
+            ],
+            "rows": [
+                [
+                    v,
+                    f"{r['chunks_per_lane_mean']:.1f} / {r['chunks_per_lane_max']}",
+                    f"{r['documents_to_first_batch_median']:.0f}",
+                    f"{r['restore_ms_median']:.0f} ({r['restore_ms_min_max'][0]:.0f}-"
+                    f"{r['restore_ms_min_max'][1]:.0f})",
+                ]
+                for v, r in replay.items()
+            ],
+            "note": (
+                f"base: k={REPLAY_BASE['k']}, bins={REPLAY_BASE['bins']}, shuffle "
+                f"{REPLAY_BASE['shuffle']}, first fit; checkpoints at batches {REPLAY_CUTS}; "
+                f"load average {load[0][0]}-{load[1][0]}"
+            ),
+        }
+    )
+    return out
+
+
+if __name__ == "__main__":
+    import json
+
+    res = main(quick="--quick" in sys.argv)
+    print(json.dumps(res, indent=1))
+    for t in tables(res):
+        print(f"\n## {t['title']}\n")
+        print("| " + " | ".join(t["columns"]) + " |")
+        print("| " + " | ".join("---" for _ in t["columns"]) + " |")
+        for row in t["rows"]:
+            print("| " + " | ".join(row) + " |")
+        print(f"\n{t['note']}")
