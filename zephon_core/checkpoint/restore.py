@@ -108,7 +108,9 @@ def admit(
             if diff and not other
             else " Rebuild the pipeline exactly as it was when the checkpoint was taken."
         )
+        note = version_note(parsed.written_by, diff)
         if any(_old_default_pack(line) for line in other):
+            note = ""  # not the release's doing: the option below resumes it
             hint = (
                 " pack() packs best fit by default now and this state was written by first "
                 "fit: build the pipeline with pack(..., strategy='first_fit') to resume it."
@@ -123,7 +125,7 @@ def admit(
             + ("; ".join(diff[:10]) if diff else "fingerprints differ")
             + "."
             + hint
-            + version_note(parsed.written_by, diff)
+            + note
         )
     if parsed.position < 0:
         raise CorruptCheckpoint(f"position {parsed.position} is negative")

@@ -107,10 +107,13 @@ class PackOp(Operator):
         return None
 
     def _best_fit(self, n: int) -> _Bin | None:
-        room, best = self.seq_len - n, None
-        for b in self._open:  # the fullest bin that holds n; strict >: ties to the lowest index
-            if b.fill <= room and (best is None or b.fill > best.fill):
-                best = b
+        room, best, top = self.seq_len - n, None, -1
+        for b in self._open:  # the fullest bin that holds n; strict <: ties to the lowest index
+            f = b.fill
+            if top < f <= room:
+                if f == room:
+                    return b  # fills it exactly: no fuller bin can hold n
+                best, top = b, f
         return best
 
     def process(self, record: Record) -> list[Record]:
