@@ -206,11 +206,11 @@ def test_seed_example_packers_stay_phase_shifted_until_flushed():
     assert groups(op_a.flush()) == groups(op_b.flush())
 
 
-# -- through a pipeline, against an independent first-fit model ---------------------
+# -- through a pipeline, against an independent model of either strategy -----------
 
 
-def _model_first_fit(epochs, seq_len, bins):
-    """Reference first-fit over epochs of token arrays (flush at every epoch end)."""
+def _model_pack(epochs, seq_len, bins, strategy):
+    """Reference first or best fit over epochs of token arrays (flush at every epoch end)."""
     out = []
     for fragments in epochs:
         slots: list[list[np.ndarray]] = [[] for _ in range(bins)]
@@ -219,14 +219,15 @@ def _model_first_fit(epochs, seq_len, bins):
             return sum(len(x) for x in s)
 
         for f in fragments:
-            for s in slots:
-                if fill(s) + len(f) <= seq_len:
-                    s.append(f)
-                    if fill(s) == seq_len:
-                        out.append(list(s))
-                        s.clear()
-                    break
-            else:
+            fits = [s for s in slots if fill(s) + len(f) <= seq_len]
+            if strategy == "best_fit":  # the fullest; sorted() is stable: ties keep slot order
+                fits = sorted(fits, key=fill, reverse=True)[:1]
+            for s in fits[:1]:
+                s.append(f)
+                if fill(s) == seq_len:
+                    out.append(list(s))
+                    s.clear()
+            if not fits:
                 j = max(range(bins), key=lambda i: (fill(slots[i]), -i))
                 out.append(list(slots[j]))
                 slots[j][:] = [f]
@@ -237,11 +238,12 @@ def _model_first_fit(epochs, seq_len, bins):
     return out
 
 
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
 @pytest.mark.parametrize(
     ("lanes", "k", "chunk_size", "seq_len", "bins"),
     [(1, 2, 4, 24, 3), (2, 1, 3, 32, 2), (3, 3, 5, 20, 4)],
 )
-def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bins):
+def test_pipeline_matches_the_model(lanes, k, chunk_size, seq_len, bins, strategy):
     n_out = 90
     docs = run(
         Pipeline(token_source(chunk_size=chunk_size), canonical_replicas=lanes, seed=9).fetch(),
@@ -257,7 +259,7 @@ def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bin
                 epochs.append([])
             ids = d["input_ids"]
             epochs[e] += [ids[i : i + seq_len] for i in range(0, len(ids), seq_len)]
-        expected_per_lane.append(_model_first_fit(epochs[:-1], seq_len, bins))
+        expected_per_lane.append(_model_pack(epochs[:-1], seq_len, bins, strategy))
     expected = []
     for i in range(n_out // lanes + 1):
         for lane in range(lanes):
@@ -271,7 +273,7 @@ def test_pipeline_matches_the_first_fit_model(lanes, k, chunk_size, seq_len, bin
         )
         .fetch()
         .split(max_len=seq_len)
-        .pack(seq_len=seq_len, bins=bins, strategy="first_fit"),
+        .pack(seq_len=seq_len, bins=bins, strategy=strategy),
         n_out,
     )
     assert len(got) == n_out

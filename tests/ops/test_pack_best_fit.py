@@ -86,8 +86,8 @@ def test_best_fit_matches_the_model(seq_len, bins, data):
     op = best(seq_len, bins)
     got = []
     for i, n in enumerate(sizes):
-        got += [[c.offset for c in r.contributors] for r in op.process(rec(0, i, n))
-                if not r.is_tombstone]
+        out = op.process(rec(0, i, n))
+        got += [[c.offset for c in r.contributors] for r in out if not r.is_tombstone]
         if i in flush_after:
             got += groups(op.flush())
             assert not pending(op)
