@@ -59,15 +59,21 @@ class BatchTokenizer:
 
 
 def build_pipeline(
-    tokenizer_path: Path, seq_len: int = 512, batch_size: int = 8, lanes: int = 4
+    tokenizer_path: Path,
+    seq_len: int = 512,
+    batch_size: int = 8,
+    lanes: int = 4,
+    datasets: dict | None = None,
+    weights: dict | None = None,
 ) -> Pipeline:
-    """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch."""
+    """fetch -> tokenize -> split -> pack -> shuffle -> ensure_mixture -> batch, over
+    ``datasets`` mixed by token shares ``weights`` (default: prose 70 %, code 30 %)."""
     # token shares, as LLM mixtures are stated; the pipeline measures each document's
     # length with its own tokenizer when it compiles (both corpora are small enough to
     # be measured whole)
     source = StaticMixtureWorkSource(
-        {"prose": corpora.prose(), "code": corpora.code()},
-        {"prose": 0.7, "code": 0.3},
+        datasets or {"prose": corpora.prose(), "code": corpora.code()},
+        weights or {"prose": 0.7, "code": 0.3},
         chunk_size=16,
         seed=2026,
         weights_unit="tokens",

@@ -136,19 +136,28 @@ def fit(
     extra: list | None = None,
     pipeline=None,
     progress: StepLines | None = None,
+    data_kwargs: dict | None = None,
+    keep_all: bool = False,
 ) -> tuple[TinyCausalLM, ZephonDataModule]:
     """Train to ``max_steps`` (resuming ``resume`` if given) on ``pipeline()`` (default:
-    the embedded mixture tokenized with ``tok``), printing ``progress`` lines."""
+    the embedded mixture tokenized with ``tok``), printing ``progress`` lines.
+    ``data_kwargs`` go to ``ZephonDataModule`` (e.g. ``skip_batches``); ``keep_all``
+    keeps every checkpoint, not only the latest."""
     pl.seed_everything(1234, verbose=False)
     model = TinyCausalLM()
     dm = ZephonDataModule(
         pipeline=pipeline or (lambda: build_pipeline(tok, SEQ_LEN, BATCH)),
         num_workers=workers,
         log_every_n_steps=0,
+        **(data_kwargs or {}),
     )
-    callbacks = [
-        ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every or max_steps, save_last=True)
-    ] + list(extra or [])
+    save = ModelCheckpoint(
+        dirpath=ckpt_dir,
+        every_n_train_steps=every or max_steps,
+        save_last=True,
+        save_top_k=-1 if keep_all else 1,
+    )
+    callbacks = [save] + list(extra or [])
     if progress is not None:
         callbacks.insert(0, progress)  # before KillAt: the line of the last step shows
     trainer = pl.Trainer(

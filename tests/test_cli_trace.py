@@ -195,17 +195,23 @@ def test_the_replay_shows_a_bar_on_a_terminal_and_nothing_in_a_pipe(run):
     assert "\r" in text and "replaying to the step" in text and "11/11" in text
 
 
-def test_trace_reports_a_recorded_skip_as_skipped_and_the_rest_exactly(run):
-    """A state whose run skips positions 30..32 (``skip_batches``, recorded in it): the
-    trace labels them skipped, and the outputs around them are the uninterrupted ones."""
+def _write_skipping_state(work: Path) -> None:
+    """``skipping.zst``: the state at output 20 restored with positions 30..32 skipped
+    (``skip_batches``, recorded in it)."""
     from zephon_core import Pipeline
 
-    work, batches = run
     state = Pipeline.load(str(work / "state.zst"))
     with reference_pipeline(prefetch=0).iterate(
         restore=state, skip_batches=[(30, 33)], allow_changes={"skip"}
     ) as it:
         (work / "skipping.zst").write_bytes(_encoded(it.checkpoint()))
+
+
+def test_trace_reports_a_recorded_skip_as_skipped_and_the_rest_exactly(run):
+    """A state whose run skips positions 30..32: the trace labels them skipped, and the
+    outputs around them are the uninterrupted ones."""
+    work, batches = run
+    _write_skipping_state(work)
     r = cli("trace", "skipping.zst", "tracefactory:build", "--step", "28", "--to", "36",
             "--json", cwd=work)  # fmt: skip
     assert r.returncode == 0, r.output
@@ -217,3 +223,17 @@ def test_trace_reports_a_recorded_skip_as_skipped_and_the_rest_exactly(run):
     assert outs and {o["position"] for o in outs} & {28, 29, 33, 34}
     for out in outs:
         check_output(out, batches[out["position"]])
+
+
+def test_trace_text_says_which_positions_were_skipped_between_two_steps(run):
+    work, _ = run
+    _write_skipping_state(work)
+    r = cli("trace", "skipping.zst", "tracefactory:build", "--step", "28", "--to", "31",
+            cwd=work)  # fmt: skip
+    assert r.returncode == 0, r.output
+    heads = [ln for ln in r.stdout.splitlines() if not ln.startswith(" ")]
+    at29 = heads.index(next(h for h in heads if h.startswith("step 29 ")))
+    assert heads[at29 + 1].startswith("positions 30..32: skipped (handed to no trainer")
+    assert heads[at29 + 2].startswith("step 30 (positions 33..33)")
+    # consecutive steps with nothing skipped between them: no such line
+    assert sum("skipped" in h for h in heads) == 1

@@ -306,8 +306,15 @@ def trace_lines(doc: dict[str, Any]) -> list[str]:
         ),
         f"replayed {doc['replayed']} outputs in {doc['seconds']:.2f} s",
     ]
+    end = None  # the position after the previous step's
     for s in doc["steps"]:
         lo, hi = s["positions"]
+        if end is not None and lo > end:  # steps are consecutive: the gap was skipped
+            lines.append(
+                f"positions {end}..{lo - 1}: skipped (handed to no trainer; step "
+                f"{s['step']} is the next handed out)"
+            )
+        end = hi
         lines.append(f"step {s['step']} (positions {lo}..{hi - 1}): {_token_line(s['tokens'])}")
         for lo, hi in s["skipped"]:
             lines.append(f"  positions {lo}..{hi - 1}: skipped (handed to no trainer)")
