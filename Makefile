@@ -11,7 +11,7 @@ TORCH   := torch==2.13.0
 MOSAIC_VENV := .venv-mosaic
 MOSAIC_PY   := $(MOSAIC_VENV)/bin/python
 
-.PHONY: test test-fast demo demo-kill demo-core demo-hf demo-s3 bench docs docs-serve lint format clean
+.PHONY: test test-fast demo demo-spike demo-kill demo-core demo-hf demo-s3 bench docs docs-serve lint format clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) examples/lightning_resume.py
+
+# a loss spike caused by a binary page in a scraped component: find, trace, skip, plot
+demo-spike: $(STAMP)
+	$(VPY) examples/loss_spike.py
 
 # the same two demos, with the interrupted run killed by SIGKILL mid-run
 demo-kill: $(STAMP)
