@@ -502,7 +502,8 @@ def shuffle_quality(have_mosaic: bool, tmp: Path) -> dict:
 # -- the run --------------------------------------------------------------------------------
 
 
-def main(scale: int = 8) -> dict:
+def main(quick: bool = False, scale: int = 8) -> dict:
+    scale = 1 if quick else scale
     import s3fs
 
     from zephon_core.testing.s3 import FaultProxy, s3_server
@@ -763,6 +764,18 @@ def report(r: dict) -> None:
     log(f"\ntotal {r['seconds']} s")
 
 
+_NOTE = (
+    "Against a local moto S3 server; see the module docstring for each figure's method."
+)
+
+
+def tables(result: dict) -> list[dict]:
+    """The result as tables for ``docs/measurements.md``."""
+    from report import flat_tables
+
+    return flat_tables(result, _NOTE)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--zephon-child":
         zephon_child(json.loads(sys.argv[2]))
@@ -772,4 +785,4 @@ if __name__ == "__main__":
         ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         ap.add_argument("--scale", type=int, default=8, help="copies of the corpus")
         args = ap.parse_args()
-        print(json.dumps(main(args.scale), indent=2))
+        print(json.dumps(main(scale=args.scale), indent=2))

@@ -77,7 +77,10 @@ def _wire(fn: Callable, on: bool) -> dict[str, Any]:
     }
 
 
-def main(n_tok: int = 80, n_lookup: int = 400, rounds: int = 8) -> dict[str, Any]:
+def main(
+    quick: bool = False, n_tok: int = 80, n_lookup: int = 400, rounds: int = 8
+) -> dict[str, Any]:
+    n_tok, n_lookup, rounds = (10, 40, 2) if quick else (n_tok, n_lookup, rounds)
     tok = BpeTokenize(train_tokenizer())
     docs = _all_docs()
     table = dict(zip((d["id"] for d in docs), tok.encode([d["text"] for d in docs])))
@@ -119,6 +122,18 @@ def main(n_tok: int = 80, n_lookup: int = 400, rounds: int = 8) -> dict[str, Any
     for k, v in result.items():
         print(f"{k}: {v}", file=sys.stderr)
     return result
+
+
+_NOTE = (
+    "Provenance on vs off, alternating rounds (medians inside)."
+)
+
+
+def tables(result: dict) -> list[dict]:
+    """The result as tables for ``docs/measurements.md``."""
+    from report import flat_tables
+
+    return flat_tables(result, _NOTE)
 
 
 if __name__ == "__main__":
