@@ -30,6 +30,7 @@ class Section:
     skipped: str = ""
     seconds: float = 0.0
     load: tuple[float, float] = (0.0, 0.0)
+    title: str = ""  # the heading (its anchor is what the docs link to); default: name
 
 
 def machine() -> dict[str, str]:
@@ -138,7 +139,7 @@ def render(
         )
     lines.append("")
     for s in sections:
-        lines += [f"## {s.name}", ""]
+        lines += [f"## {s.title or s.name}", ""]
         if s.summary:
             lines += [s.summary, ""]
         if s.skipped:
