@@ -829,6 +829,12 @@ def _speed_table(s: dict) -> dict:
             "through a DataLoader with workers as its docs use it (2 here, the machine's "
             "cores). Exactness of a Mosaic resume is not compared here. "
             f"Load average (1 min): {min(loads):.2f}-{max(loads):.2f}."
+            + (
+                ""
+                if "mosaic" in s
+                else " Mosaic not measured: `streaming` (mosaicml-streaming 0.13.0) is not "
+                "importable by MOSAIC_PYTHON (`make bench` builds .venv-mosaic for it)."
+            )
         ),
     }
 
