@@ -150,7 +150,7 @@ def exact_zephon(build: Callable, cuts: tuple[int, ...], n: int) -> str:
     return f"yes ({len(cuts)} cuts in {n} batches)"
 
 
-def _exact(check: Callable[[], str]) -> str:
+def exact(check: Callable[[], str]) -> str:
     try:
         return check()
     except Exception as e:  # a framework that cannot restore is a row, not a crash
@@ -194,16 +194,16 @@ def main(quick: bool = False) -> dict:
         cfg["rounds"],
     )
     bar_exact = {
-        "Zephon, prefetch=0 (no pump thread)": _exact(
+        "Zephon, prefetch=0 (no pump thread)": exact(
             lambda: exact_zephon(lambda: bar_pipeline(prefetch=0), cuts, cfg["cut"])
         ),
-        "Zephon, prefetch=3": _exact(
+        "Zephon, prefetch=3": exact(
             lambda: exact_zephon(lambda: bar_pipeline(prefetch=3), cuts, cfg["cut"])
         ),
-        IN_MEMORY: _exact(
+        IN_MEMORY: exact(
             lambda: exact_grain(lambda: grain_pipeline(threads=0), cuts, cfg["cut"])
         ),
-        DEFAULT: _exact(
+        DEFAULT: exact(
             lambda: exact_grain(lambda: grain_pipeline(threads=16), cuts, cfg["cut"])
         ),
     }
@@ -240,10 +240,10 @@ def _bpe(cfg: dict, cuts: tuple[int, ...]) -> dict:
     bpe_cuts = tuple(sorted({3, n // 2, n - 3}))
     exact = {
         "bare loop": "no checkpoint",
-        "Zephon iterate()": _exact(
+        "Zephon iterate()": exact(
             lambda: exact_zephon(lambda: zephon_pipeline(tok), bpe_cuts, n)
         ),
-        IN_MEMORY: _exact(lambda: exact_grain(grain_bpe, bpe_cuts, n)),
+        IN_MEMORY: exact(lambda: exact_grain(grain_bpe, bpe_cuts, n)),
     }
     return {"rows": _summary(r, "bare loop", SEQ), "exact": exact, "load": r.load}
 
