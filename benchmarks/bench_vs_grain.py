@@ -238,14 +238,14 @@ def _bpe(cfg: dict, cuts: tuple[int, ...]) -> dict:
     )
     n = max(cfg["cut"] // 2, 12)
     bpe_cuts = tuple(sorted({3, n // 2, n - 3}))
-    exact = {
+    exactness = {
         "bare loop": "no checkpoint",
         "Zephon iterate()": exact(
             lambda: exact_zephon(lambda: zephon_pipeline(tok), bpe_cuts, n)
         ),
         IN_MEMORY: exact(lambda: exact_grain(grain_bpe, bpe_cuts, n)),
     }
-    return {"rows": _summary(r, "bare loop", SEQ), "exact": exact, "load": r.load}
+    return {"rows": _summary(r, "bare loop", SEQ), "exact": exactness, "load": r.load}
 
 
 # -- tables ---------------------------------------------------------------------------------
