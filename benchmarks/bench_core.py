@@ -160,7 +160,9 @@ def main(quick: bool = False) -> dict:
 
 
 _NOTE = (
-    "One process; each figure from its own timing loop (not interleaved rounds)."
+    "One process. The overhead figures come from paired rounds (tracked and untracked "
+    "alternating, median and range of the per-round overhead); the others from one timing "
+    "loop each."
 )
 
 
