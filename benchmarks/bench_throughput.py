@@ -192,6 +192,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         f"{SHUFFLE}, batch {BATCH}; {LANES} lanes, chunks of {CHUNK}, flush every {K}",
         "cpu_count": os.cpu_count(),
         "config": cfg,
+        "quick": quick,
         "real_tokenizer": {
             "best_in_process": best,
             "rows": _summary(real, best),
@@ -252,10 +253,15 @@ def _ms(x: dict) -> str:
     return rounds.Spread(*(1000 * x[k] for k in ("median", "min", "max")), x["n"]).fmt(3)
 
 
-def _goal(sec: dict, best: str) -> str:
+def _goal(sec: dict, best: str, quick: bool) -> str:
     row = next(r for r in sec["rows"] if r["variant"] == _workers(2))
     got = row["vs_best_in_process_real_tokens"]
-    verdict = "met" if got["median"] >= 1.0 else f"not met: gap {1 - got['median']:.2f}"
+    if quick:  # windows shorter than a flush epoch: bursts, not rates
+        verdict = "not judged on a quick run's windows"
+    elif got["median"] >= 1.0:
+        verdict = "met"
+    else:
+        verdict = f"not met: gap {1 - got['median']:.2f}"
     return (
         f"Goal (issue 23 item 4): dataloader(num_workers=2) >= 1.0x Zephon's best in-process "
         f"configuration ({best}) per real token, median over rounds: {_s(got, 2, 'x')}, "
@@ -304,7 +310,7 @@ def tables(result: dict) -> list[dict]:
             "Zephon best in-process",
             f"{result['workload']}. Window {cfg['window']} batches after {cfg['warmup']} of "
             f"warm-up per variant and round; {method} Zephon's best in-process configuration "
-            f"here: {best}. {_goal(real, best)}",
+            f"here: {best}. {_goal(real, best, result.get('quick', False))}",
         ),
         _rate_table(
             "Framework cost: the tokenizer replaced by a lookup of precomputed ids",
