@@ -59,9 +59,12 @@ $(MOSAIC_PY):
 	$(PY) -m venv $(MOSAIC_VENV)
 	$(MOSAIC_PY) -m pip install -q "mosaicml-streaming==0.13.0" "$(TORCH)" boto3
 
+# every benchmark, then docs/measurements.md rewritten from their tables (date, commit,
+# machine, load); BENCH_ARGS="--quick" for a smoke run, "--only throughput,vs_grain" a subset
+BENCH_ARGS ?=
 bench: $(STAMP) $(MOSAIC_PY)
 	$(VPY) -m pip install -q -e ".[bench]" "$(TORCH)"
-	MOSAIC_PYTHON=$(MOSAIC_PY) $(VPY) benchmarks/run_all.py
+	MOSAIC_PYTHON=$(MOSAIC_PY) $(VPY) benchmarks/run_all.py $(BENCH_ARGS)
 
 # the documentation site (mkdocs.yml) into site/; `make test` runs the same strict build
 docs: $(STAMP)

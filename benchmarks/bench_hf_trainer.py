@@ -58,7 +58,8 @@ def _callback_loader(tmp: str, dispatch: bool):
     return loader
 
 
-def main(n: int = 1500, rounds: int = 5) -> dict:
+def main(quick: bool = False, n: int = 1500, rounds: int = 5) -> dict:
+    n, rounds = (100, 2) if quick else (n, rounds)
     import tempfile
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -84,6 +85,19 @@ def main(n: int = 1500, rounds: int = 5) -> dict:
             med["callback_no_dispatch"] / med["zephon_loader"], 2
         ),
     }
+
+
+_NOTE = (
+    "Batches/s, median over rounds run in a fixed order (not rotated); one process, no "
+    "model work."
+)
+
+
+def tables(result: dict) -> list[dict]:
+    """The result as tables for ``docs/measurements.md``."""
+    from report import flat_tables
+
+    return flat_tables(result, _NOTE)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,8 @@ CONFIGS = [
 ]
 
 
-def main(tokens: int = 20_000_000) -> list[dict]:
+def main(quick: bool = False, tokens: int = 20_000_000) -> list[dict]:
+    tokens = 2_000_000 if quick else tokens
     with tempfile.TemporaryDirectory() as d:
         tok = Path(d) / "tokenizer.json"
         train_tokenizer(tok)
@@ -162,8 +163,21 @@ def main(tokens: int = 20_000_000) -> list[dict]:
     return rows
 
 
+_NOTE = (
+    "Token-share error of the prose dataset over sliding windows, one row per "
+    "configuration."
+)
+
+
+def tables(result: list[dict]) -> list[dict]:
+    """The result as tables for ``docs/measurements.md``."""
+    from report import flat_tables
+
+    return flat_tables({"configurations": result}, _NOTE)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=20_000_000)
     args = ap.parse_args()
-    print(json.dumps(main(args.tokens), indent=2))
+    print(json.dumps(main(tokens=args.tokens), indent=2))

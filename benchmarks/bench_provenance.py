@@ -21,14 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench_throughput import (
-    BpeTokenize,
-    LookupIds,
-    _all_docs,
-    bench_wire,
-    train_tokenizer,
-    zephon_pipeline,
-)
+from bpe_workload import BpeTokenize, LookupIds, all_docs, train_tokenizer, zephon_pipeline
+from throughput_probes import bench_wire
 
 
 def _ms_per_batch(build: Callable[[], Any], n: int, warmup: int) -> tuple[float, float]:
@@ -69,7 +63,7 @@ def _span(values: list[float]) -> list[float]:
 
 
 def _wire(fn: Callable, on: bool) -> dict[str, Any]:
-    """What a DataLoader worker pickles per batch (``bench_throughput.bench_wire``)."""
+    """What a DataLoader worker pickles per batch (``throughput_probes.bench_wire``)."""
     w = bench_wire(fn, provenance=on)
     keep = ("pickled_bytes_per_batch_median", "wire_array_bytes_median")
     return {k: w[k] for k in keep} | {
@@ -77,9 +71,12 @@ def _wire(fn: Callable, on: bool) -> dict[str, Any]:
     }
 
 
-def main(n_tok: int = 80, n_lookup: int = 400, rounds: int = 8) -> dict[str, Any]:
+def main(
+    quick: bool = False, n_tok: int = 80, n_lookup: int = 400, rounds: int = 8
+) -> dict[str, Any]:
+    n_tok, n_lookup, rounds = (10, 40, 2) if quick else (n_tok, n_lookup, rounds)
     tok = BpeTokenize(train_tokenizer())
-    docs = _all_docs()
+    docs = all_docs()
     table = dict(zip((d["id"] for d in docs), tok.encode([d["text"] for d in docs])))
     lookup = LookupIds(table, "lookup:" + tok.zephon_fingerprint())
     t0 = time.perf_counter()
@@ -119,6 +116,18 @@ def main(n_tok: int = 80, n_lookup: int = 400, rounds: int = 8) -> dict[str, Any
     for k, v in result.items():
         print(f"{k}: {v}", file=sys.stderr)
     return result
+
+
+_NOTE = (
+    "Provenance on vs off, alternating rounds (medians inside)."
+)
+
+
+def tables(result: dict) -> list[dict]:
+    """The result as tables for ``docs/measurements.md``."""
+    from report import flat_tables
+
+    return flat_tables(result, _NOTE)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ def build(runner: str, parallelism: int) -> Pipeline:
     )
 
 
-def main(n: int = 600, rounds: int = 2) -> dict:
+def main(quick: bool = False, n: int = 600, rounds: int = 2) -> dict:
+    n, rounds = (60, 1) if quick else (n, rounds)
     configs = {
         "inline": ("threads", 1),
         "threads_p2": ("threads", 2),
@@ -55,6 +56,19 @@ def main(n: int = 600, rounds: int = 2) -> dict:
         "processes_vs_threads": round(med["processes_p2"] / med["threads_p2"], 2),
         "processes_vs_inline": round(med["processes_p2"] / med["inline"], 2),
     }
+
+
+_NOTE = (
+    "A GIL-bound pure-Python tokenizer in map(parallelism=2); batches/s, median over rounds "
+    "in a fixed order."
+)
+
+
+def tables(result: dict) -> list[dict]:
+    """The result as tables for ``docs/measurements.md``."""
+    from report import flat_tables
+
+    return flat_tables(result, _NOTE)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ runner in this process: restore, replay, describe, JSON).
 
 Workloads (``--workload``):
 
-* ``bpe``: the real-tokenizer pipeline of ``bench_throughput.py`` (byte-level BPE vocab
+* ``bpe``: the real-tokenizer pipeline of ``bpe_workload.py`` (byte-level BPE vocab
   8192, split/pack 2048, shuffle 64, batch 8, 8 lanes);
 * ``bytes``: ``common.bar_pipeline`` (byte tokens, pack 512, batch 8), the framework's
   own cost with a trivial tokenizer.
@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_throughput import BpeTokenize, train_tokenizer, zephon_pipeline  # noqa: E402
+from bpe_workload import BpeTokenize, train_tokenizer, zephon_pipeline  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from common import bar_pipeline  # noqa: E402
 
