@@ -3,6 +3,7 @@
     python benchmarks/run_all.py                  # every benchmark, the file rewritten
     python benchmarks/run_all.py --quick          # a smoke run: short windows, few rounds
     python benchmarks/run_all.py --only throughput,vs_grain --out /tmp/m.md
+    python benchmarks/run_all.py --only padding --update   # one section re-measured
 
 Each module ``benchmarks/bench_<name>.py`` exposes ``main(quick=False) -> dict`` and
 ``tables(result) -> list[dict]``; a module missing from the checkout, or whose
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help=f"comma-separated subset of {', '.join(MODULES)}")
     ap.add_argument("--out", default=str(report.REPO / "docs" / "measurements.md"))
     ap.add_argument("--json", default="-", help="where the raw results go ('-': stdout)")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="re-measure only --only's sections and keep the file's others as they are",
+    )
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODULES)
     unknown = [n for n in names if n not in MODULES]
@@ -99,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {section.skipped}", file=sys.stderr)
     command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
     if args.only:
-        command += f" --only {','.join(names)}"
-    report.write(report.render(sections, quick=args.quick, command=command), Path(args.out))
+        command += f" --only {','.join(names)}" + (" --update" if args.update else "")
+    out = Path(args.out)
+    kept = report.sections_of(out.read_text()) if args.update and out.exists() else {}
+    order = [MODULES[n] for n in MODULES] if args.update else None
+    text = report.render(sections, quick=args.quick, command=command, kept=kept, order=order)
+    report.write(text, out)
     text = json.dumps(raw, indent=2, default=str)
     if args.json == "-":
         print(text)

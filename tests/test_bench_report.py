@@ -49,8 +49,7 @@ def test_render_writes_header_and_every_table():
             report.Section("absent", "", skipped="`benchmarks/bench_absent.py` is not here"),
         ]
     )
-    assert "- date: 2026-12-02 14:00 UTC" in text
-    assert "- commit: `abc123`" in text
+    assert "- written: 2026-12-02 14:00 UTC, commit `abc123`" in text
     assert "Fake CPU 9000, 2 cores, 24.0 GiB RAM" in text
     assert "python 3.11.9, torch 2.13.0" in text
     assert "1.50 / 1.25 / 1.00" in text
@@ -58,10 +57,43 @@ def test_render_writes_header_and_every_table():
     assert "| bare \\| loop | 100 | 1.00x |" in text  # a pipe in a cell is escaped
     assert "| zephon | 95 | 0.95x (0.90-0.99) |" in text
     assert "5 rounds, load 1.2-1.5" in text
-    assert "--only fake`: 12 s, load average 1.00 at its start, 2.00 at its end" in text
+    assert (
+        "--only fake`: measured 2026-12-02 14:00 UTC at commit `abc123`, 12 s, load average "
+        "1.00 at its start, 2.00 at its end"
+    ) in text
     assert "## absent\n\nNot measured: `benchmarks/bench_absent.py` is not here" in text
     assert "quick run" not in text
     assert "quick run" in _render([], quick=True)
+
+
+def test_update_replaces_the_measured_sections_and_keeps_the_others():
+    old = report.sections_of(
+        _render(
+            [
+                report.Section("a", "First.", [TABLE], seconds=1.0, title="A"),
+                report.Section("b", "Second, old.", [TABLE], seconds=2.0, title="B"),
+            ]
+        )
+    )
+    assert list(old) == ["A", "B"]
+    fresh = dict(TABLE, rows=[["zephon", "99", "0.99x"]])
+    text = report.render(
+        [report.Section("b", "Second, new.", [fresh], seconds=3.0, title="B")],
+        quick=True,
+        command="python benchmarks/run_all.py --only b --update",
+        when=datetime.datetime(2026, 12, 3, 9, 0, tzinfo=datetime.timezone.utc),
+        host=HOST,
+        rev="def456",
+        load=(1.0, 1.0, 1.0),
+        kept=old,
+        order=["A", "B", "C"],
+    )
+    assert text.index("## A") < text.index("## B") and "## C" not in text
+    assert old["A"].rstrip() in text  # kept whole, with its own date and commit
+    assert "First." in text and "Second, old." not in text and "Second, new." in text
+    assert "| zephon | 99 | 0.99x |" in text
+    assert "measured 2026-12-03 09:00 UTC at commit `def456` (**quick run**" in text
+    assert "- **quick run**" not in text  # the header speaks for the whole file only
 
 
 def test_render_refuses_a_row_of_the_wrong_width():
