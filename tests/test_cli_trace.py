@@ -219,6 +219,8 @@ def test_trace_reports_a_recorded_skip_as_skipped_and_the_rest_exactly(run):
     steps = {s["step"]: s["positions"] for s in doc["steps"]}
     # steps count what the trainer was handed: step 30 is position 33
     assert steps[29] == [29, 30] and steps[30] == [33, 34], steps
+    assert doc["skipped"] == [[30, 33]]  # between two steps: no step's own list holds it
+    assert all(s["skipped"] == [] for s in doc["steps"])
     outs = [o for s in doc["steps"] for o in s["outputs"]]
     assert outs and {o["position"] for o in outs} & {28, 29, 33, 34}
     for out in outs:

@@ -232,7 +232,9 @@ outputs_per_micro_batch, outputs_per_step, anchor {step, position}},
 steps_traced [N, M], replayed, seconds, steps [{step, positions [lo, hi),
 skipped [[lo, hi)...], tokens {dataset: n}, outputs [{position, micro_step,
 rank, tokens, rows [{row, segments [{offset, dataset, dataset_name,
-dataset_row, epoch, token_start, token_end, tokens, snippet}]}]}]}], tokens.
+dataset_row, epoch, token_start, token_end, tokens, snippet}]}]}]}], skipped
+[[lo, hi)...] (every recorded skip meeting the traced positions, between
+steps too), tokens.
 Exit code 1 when the checkpoint is after the step or the pipeline refuses it."""
 
 

@@ -276,6 +276,7 @@ def _document(
         for name, n in d["tokens"].items():
             steps[-1]["tokens"][name] += n
             total[name] += n
+    span = (min(mb.position for mb in wanted), max(mb.position for mb in wanted) + 1)
     for s in steps:
         lo, hi = s["outputs"][0]["position"], s["outputs"][-1]["position"] + 1
         s["positions"] = [lo, hi]
@@ -301,5 +302,7 @@ def _document(
         "replayed": max(mb.position for mb in wanted) + 1 - loc.position,
         "seconds": round(seconds, 3),
         "steps": steps,
+        # every recorded skip that meets the traced positions, also between two steps
+        "skipped": [[a, b] for a, b in skipped if a < span[1] and b > span[0]],
         "tokens": total,
     }
