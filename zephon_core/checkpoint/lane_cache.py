@@ -67,12 +67,12 @@ class LaneCache:
     def encoded(self, lane: int, version: Any, build: Callable[[], LaneState]) -> LaneBytes:
         """``lane``'s bytes at ``version``; ``build`` (called only when the lane changed)
         gives its state, read after ``version`` was."""
+        if not _CACHING:
+            return encode_lane(build(), version)
         hit = self._lanes.get(lane)
         if hit is not None and hit.version == version:
             return hit
-        entry = encode_lane(build(), version)
-        if _CACHING:
-            self._lanes[lane] = entry
+        entry = self._lanes[lane] = encode_lane(build(), version)
         return entry
 
 
