@@ -18,8 +18,10 @@ fresh handle's ``state_dict()`` -- DCP's load template -- names exactly the keys
 needs on any D' dividing C, before anything has been read, and DCP reads only those.
 Model-parallel peers (one ``dp_rank``) put identical keys, which DCP writes once.
 
-Values are immutable ``bytes`` built afresh on every call: DCP fills a load template in
-place, and ``dcp.async_save`` must keep what was true at the call.
+A new dict on every call, of immutable ``bytes`` values: DCP fills a load template in
+place, and ``dcp.async_save`` must keep what was true at the call. A handle keeps each
+lane's bytes until the lane changes (``checkpoint/lane_cache.py``), so a call costs the
+lanes that changed since the last one, not C.
 
 Loading (:func:`admit_any`): a merged state (``checkpoint()``) or a per-rank state holding
 at least this rank's slots. Only the owned lanes are decoded and validated (the same

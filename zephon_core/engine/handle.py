@@ -16,7 +16,9 @@ output -- restores a merged state or a per-rank one holding at least this rank's
 so ``dcp.save({"data": loader}, ...)`` / ``dcp.load`` checkpoint the data per rank and
 resume on any data-parallel size dividing ``canonical_replicas``. A handle never refers to
 the pipeline that made it (it may be collected while the handle runs) and is closed by the
-garbage collector when dropped.
+garbage collector when dropped. An iterator builds its run (every lane's operators and
+source, the threads) at its first use, so a ``load_state_dict()`` before it builds only
+the restored run; a fresh iterator's state needs no run (``run.unstarted``).
 
 After an error escapes ``next()`` (an operator failure, a stall, a
 ``KeyboardInterrupt``), the iterator never pretends the stream ended: every later call
@@ -115,7 +117,8 @@ class StreamHandle:
         ``{"meta": bytes, "slots": {"00007": bytes, ...}}`` with one key per lane
         (``distributed/dcp.py``). Local and cheap: no aggregation round, no collective, no
         worker start; a new dict of immutable values on every call (``dcp.async_save`` keeps
-        the state at the call). A loader's is the state after the batches it handed out
+        the state at the call), only the lanes that changed since the last call encoded
+        again (``checkpoint/lane_cache.py``). A loader's is the state after the batches it handed out
         (``served``: after the first ``served`` of them, as in :meth:`checkpoint`).
         On a fresh handle it names exactly the slots this rank owns: DCP's load template.
         ``served``: as in :meth:`checkpoint` (a trainer that reads ahead).

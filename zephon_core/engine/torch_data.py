@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..checkpoint.data_changes import NO_CHANGES, DataChanges
 from ..checkpoint import lane_cache
+from ..checkpoint.data_changes import NO_CHANGES, DataChanges
 from ..checkpoint.lane_cache import EncodedState, LaneCache
 from ..checkpoint.state import LaneDelta, LaneState, PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
