@@ -18,8 +18,10 @@ fresh handle's ``state_dict()`` -- DCP's load template -- names exactly the keys
 needs on any D' dividing C, before anything has been read, and DCP reads only those.
 Model-parallel peers (one ``dp_rank``) put identical keys, which DCP writes once.
 
-Values are immutable ``bytes`` built afresh on every call: DCP fills a load template in
-place, and ``dcp.async_save`` must keep what was true at the call.
+A new dict on every call, of immutable ``bytes`` values: DCP fills a load template in
+place, and ``dcp.async_save`` must keep what was true at the call. A handle keeps each
+lane's bytes until the lane changes (``checkpoint/lane_cache.py``), so a call costs the
+lanes that changed since the last one, not C.
 
 Loading (:func:`admit_any`): a merged state (``checkpoint()``) or a per-rank state holding
 at least this rank's slots. Only the owned lanes are decoded and validated (the same
@@ -43,6 +45,7 @@ from typing import Any
 import msgpack
 
 from .._version import __version__
+from ..checkpoint.lane_cache import EncodedState
 from ..checkpoint.owned_lanes import OwnedLanesState
 from ..checkpoint.restore import admit, admit_owned, allowed_changes
 from ..checkpoint.state import CHANGES_VERSION, PipelineState
@@ -57,6 +60,7 @@ __all__ = [
     "admit_any",
     "check",
     "encode",
+    "encode_cached",
     "is_per_rank",
     "merged_of",
     "owned_slots",
@@ -93,11 +97,29 @@ def encode(state: PipelineState, num_lanes: int) -> dict[str, Any]:
     """This rank's lanes as ``{"meta": bytes, "slots": {key: bytes}}`` (a new dict)."""
     d = state.to_dict()
     position = d["position"]
+    slots = {
+        slot_key((lane["lane"] - position) % num_lanes): msgpack.packb(lane, use_bin_type=True)
+        for lane in d["lanes"]
+    }
+    return {"meta": _meta(d, num_lanes), "slots": slots}
+
+
+def encode_cached(state: EncodedState, num_lanes: int) -> dict[str, Any]:
+    """:func:`encode` of a state whose lanes are encoded already (``checkpoint/lane_cache.py``):
+    a new dict around the lanes' immutable bytes."""
+    d = state.header.to_dict()
+    position = d["position"]
+    lanes = state.lanes
+    slots = {slot_key((lane - position) % num_lanes): lanes[lane].data for lane in sorted(lanes)}
+    return {"meta": _meta(d, num_lanes), "slots": slots}
+
+
+def _meta(d: dict[str, Any], num_lanes: int) -> bytes:
     meta = {
         "format": FORMAT,
         "version": VERSION,
         "canonical_replicas": num_lanes,
-        "position": position,
+        "position": d["position"],
         "zephon_version": __version__,
         # identical on every rank (DCP keeps one copy): by the run's recorded changes, not
         # by this rank's chunks
@@ -111,11 +133,7 @@ def encode(state: PipelineState, num_lanes: int) -> dict[str, Any]:
     for key in ("skip", "exclude"):  # the run's recorded data changes, when it has any
         if key in d:
             meta[key] = d[key]
-    slots = {
-        slot_key((lane["lane"] - position) % num_lanes): msgpack.packb(lane, use_bin_type=True)
-        for lane in d["lanes"]
-    }
-    return {"meta": msgpack.packb(meta, use_bin_type=True), "slots": slots}
+    return msgpack.packb(meta, use_bin_type=True)
 
 
 def _unpack(data: Any, what: str) -> Any:

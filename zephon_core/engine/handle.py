@@ -16,7 +16,9 @@ output -- restores a merged state or a per-rank one holding at least this rank's
 so ``dcp.save({"data": loader}, ...)`` / ``dcp.load`` checkpoint the data per rank and
 resume on any data-parallel size dividing ``canonical_replicas``. A handle never refers to
 the pipeline that made it (it may be collected while the handle runs) and is closed by the
-garbage collector when dropped.
+garbage collector when dropped. An iterator builds its run (every lane's operators and
+source, the threads) at its first use, so a ``load_state_dict()`` before it builds only
+the restored run; a fresh iterator's state needs no run (``run.unstarted``).
 
 After an error escapes ``next()`` (an operator failure, a stall, a
 ``KeyboardInterrupt``), the iterator never pretends the stream ended: every later call
@@ -27,21 +29,24 @@ restore point.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..checkpoint import codec
+from ..checkpoint import codec, lane_cache
 from ..checkpoint.data_changes import DataChanges, check_aligned, with_data_changes
+from ..checkpoint.lane_cache import EncodedState
 from ..checkpoint.state import PipelineState
 from ..distributed import dcp
 from ..distributed.finite_end import is_finite, step_agreement
+from ..distributed.topology import validate
 from ..errors import ConfigError, LifecycleError
 from .consumer import ConsumerSteps
 from .restore_log import RestoreLog
-from .run import PipelineRun
+from .run import PipelineRun, lane_order, unstarted
 from .run_spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,21 @@ class StreamHandle:
     def _local_state(self, served: int | None) -> PipelineState:
         raise NotImplementedError
 
+    def _encoded_state(self, served: int | None) -> EncodedState:
+        """:meth:`_local_state`, each lane encoded (only the lanes that changed since the
+        last call are encoded again: ``checkpoint/lane_cache.py``)."""
+        raise NotImplementedError
+
+    def _local_dict(self, served: int | None) -> dict[str, Any]:
+        """``_local_state(served).to_dict()``, unpacked from the lanes' cached bytes (a value
+        msgpack cannot write: the plain way)."""
+        if lane_cache.caching():
+            try:
+                return lane_cache.merged(self._encoded_state(served))
+            except (TypeError, ValueError, OverflowError):  # msgpack refused a value
+                pass
+        return self._local_state(served).to_dict()
+
     def checkpoint(self, served: int | None = None) -> dict[str, Any]:
         """The state of every lane as delivered to the consumer, as a plain dict that shares
         nothing with the running stream.
@@ -75,10 +95,12 @@ class StreamHandle:
                 "this pipeline was built with checkpointing=False; build it "
                 "with checkpointing=True to take checkpoints"
             )
-        local = self._local_state(served)
         topo = spec.topology
-        if len(local.lanes) == spec.plan.num_lanes and topo.world_size == 1:
-            return local.to_dict()
+        if topo.world_size == 1:
+            mine = self._local_dict(served)
+            if len(mine["lanes"]) == spec.plan.num_lanes:
+                return mine
+        local = self._local_state(served)
         if spec.aggregator is None:
             raise ConfigError(
                 f"this handle serves {len(local.lanes)} of {spec.plan.num_lanes} lanes and "
@@ -95,7 +117,8 @@ class StreamHandle:
         ``{"meta": bytes, "slots": {"00007": bytes, ...}}`` with one key per lane
         (``distributed/dcp.py``). Local and cheap: no aggregation round, no collective, no
         worker start; a new dict of immutable values on every call (``dcp.async_save`` keeps
-        the state at the call). A loader's is the state after the batches it handed out
+        the state at the call), only the lanes that changed since the last call encoded
+        again (``checkpoint/lane_cache.py``). A loader's is the state after the batches it handed out
         (``served``: after the first ``served`` of them, as in :meth:`checkpoint`).
         On a fresh handle it names exactly the slots this rank owns: DCP's load template.
         ``served``: as in :meth:`checkpoint` (a trainer that reads ahead).
@@ -108,7 +131,7 @@ class StreamHandle:
                 "this pipeline was built with checkpointing=False; build it "
                 "with checkpointing=True to take checkpoints"
             )
-        return dcp.encode(self._local_state(served), plan.num_lanes)
+        return dcp.encode_cached(self._encoded_state(served), plan.num_lanes)
 
     def load_state_dict(
         self,
@@ -159,7 +182,7 @@ class StreamHandle:
             "rank": topo.rank,
             "dp_rank": topo.dp_rank,
             "dp_size": topo.dp_size,
-            "state": self._local_state(served).to_dict(),
+            "state": self._local_dict(served),
         }
 
     def save(self, path: str | os.PathLike, served: int | None = None) -> int:
@@ -205,28 +228,43 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
 
     def __init__(self, spec: RunSpec):
         self._init_handle(spec)
-        self._run = PipelineRun(spec.plan, spec.start, spec.topology, changes=spec.changes)
+        validate(spec.plan.num_lanes, spec.topology.dp_size, spec.topology.num_workers)
+        # the run is built at its first use: a load_state_dict() before the first output
+        # then builds only the restored one (its lanes' operators, sources and threads)
+        self._built: PipelineRun | None = None
+        self._finalizer: weakref.finalize | None = None
         self._agree = step_agreement(spec.topology, is_finite(spec.plan.source))
-        self._finalizer = weakref.finalize(self, self._run.close)
-        self._restore_log = RestoreLog(spec.start, self._run.order)
+        self._restore_log = RestoreLog(
+            spec.start, lane_order(spec.plan, spec.position, spec.topology)
+        )
+
+    @property
+    def _run(self) -> PipelineRun:
+        if self._built is None:
+            spec = self.spec
+            self._built = PipelineRun(spec.plan, spec.start, spec.topology, changes=spec.changes)
+            self._finalizer = weakref.finalize(self, self._built.close)
+        return self._built
 
     def _started(self) -> bool:
-        return self._run.turn > 0 or self._done or self._failure is not None
+        built = self._built is not None and self._built.turn > 0
+        return built or self._done or self._failure is not None
 
     def _restart(self, start: PipelineState) -> None:
-        self._finalizer.detach()
-        self._run.close()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._built is not None:
+            self._built.close()
+            self._built = None
         self.spec = spec = self.spec.restarted(start)
-        self._run = PipelineRun(spec.plan, start, spec.topology, changes=spec.changes)
-        self._finalizer = weakref.finalize(self, self._run.close)
-        self._restore_log = RestoreLog(start, self._run.order)
+        self._restore_log = RestoreLog(start, lane_order(spec.plan, spec.position, spec.topology))
 
     def __iter__(self) -> PipelineIterator:
         return self
 
     @property
     def _what(self) -> str:  # type: ignore[override]
-        return f"iterator (global position {self._run.position()})"
+        return f"iterator (global position {self.position})"
 
     # -- the turn (engine/consumer.py) ------------------------------------------------------
     def _refuse(self) -> None:
@@ -257,13 +295,24 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
         return self.spec.changes
 
     def _fail(self) -> None:
-        self._run.close(join_timeout=0.5)  # a stalled thread may never return
+        if self._built is not None:
+            self._built.close(join_timeout=0.5)  # a stalled thread may never return
 
     # -- state and stats ------------------------------------------------------------------
     def _local_state(self, served: int | None) -> PipelineState:
         if served is not None:
             raise ConfigError("checkpoint(served=...) applies to pipe.dataloader() consumers")
-        return self._run.snapshot()
+        if self._built is None:  # nothing to build for it (DCP's load template)
+            spec = self.spec
+            return unstarted(spec.plan, spec.start, spec.topology, spec.changes)
+        return self._built.snapshot()
+
+    def _encoded_state(self, served: int | None) -> EncodedState:
+        if self._built is None or served is not None:
+            state = self._local_state(served)
+            lanes = {lane: lane_cache.encode_lane(ls) for lane, ls in state.lanes.items()}
+            return EncodedState(dataclasses.replace(state, lanes={}), lanes)
+        return self._built.encoded()
 
     def stats(self) -> dict[str, Any]:
         """Live counters: outputs/s, per-operator records, queue depths, inflight chunks,
@@ -273,7 +322,7 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
     @property
     def position(self) -> int:
         """The global position this process reached."""
-        return self._run.position()
+        return self._built.position() if self._built is not None else self.spec.position
 
     @property
     def chunks_replayed(self) -> int:
@@ -290,7 +339,7 @@ class PipelineIterator(StreamHandle, ConsumerSteps):
         for the threads to end (a failed run's threads too): up to 5 s for one inside a
         blocking call, which the garbage collector and the exit hook then wait for again."""
         self._closed = True
-        if not self._run.close():
+        if self._built is not None and not self._built.close():
             log.warning(
                 "zephon: close(): a thread of this pipeline run is still inside a call that "
                 "has not returned (an operator or a read); it stops when the call returns "

@@ -86,6 +86,18 @@ def with_exclusions(chunk: WorkChunk, excluded: dict[int, frozenset[int]]) -> Wo
     return dataclasses.replace(chunk, dropped=dropped) if dropped else chunk
 
 
+def start_state(plan: Plan, lane: int, restored: LaneState | None, source: Any) -> LaneState:
+    """A lane's state before its first output: ``restored`` (with token counters for the
+    components added since), or a fresh one at ``source`` (the lane's opened WorkSource)."""
+    n_comp = len(plan.source.component_names)
+    if restored is not None:
+        state = restored.copy()
+        state.tokens += [0] * (n_comp - len(state.tokens))
+        return state
+    start = plain_copy(source.state_dict()) if plan.checkpointing else {}
+    return LaneState(lane=lane, source=start, tokens=[0] * n_comp)
+
+
 class LaneStream:
     """The producer side of one lane. ``outputs`` is a generator of :class:`Output`."""
 
@@ -110,14 +122,9 @@ class LaneStream:
         self.procs = procs  # None: processes stages run on the thread pool
         self.stats = stats  # the run's counters, one per operator of the plan
         self.source = plan.source.open_lane(lane, plan.num_lanes, plan.seed)
-        n_comp = len(plan.source.component_names)
         if restored is not None:
             self.source.load_state_dict(plain_copy(restored.source))
-            state = restored.copy()
-            state.tokens += [0] * (n_comp - len(state.tokens))
-        else:
-            source = plain_copy(self.source.state_dict()) if plan.checkpointing else {}
-            state = LaneState(lane=lane, source=source, tokens=[0] * n_comp)
+        state = start_state(plan, lane, restored, self.source)
         #: with ``batch(provenance=True)``: the dataset row and epoch of each pointer of the
         #: chunks whose records may still reach batch (``ops/batch_provenance.py``)
         self.origins = _origin_table(plan, self.source, state.chunks)

@@ -22,16 +22,19 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from ..checkpoint.data_changes import NO_CHANGES, DataChanges
+from ..checkpoint.lane_cache import EncodedState, LaneCache
 from ..checkpoint.state import Delivery, LaneDelta, LaneState, PipelineState
 from ..distributed.topology import Topology, rank_lanes, validate, worker_lanes
 from ..errors import LifecycleError
 from ..sources.repetition import has_deferred, take_deferred
+from ..tracking.ledger import LaneLedger
 from .compile import Plan
 from .consumer import state_at
-from .lane_stream import END_OF_LANE, LaneStream, Output
+from .lane_stream import END_OF_LANE, LaneStream, Output, start_state
 from .mixture_report import mixture_report
 from .processes import StagePool, can_start_processes
 from .pump import Pump
@@ -70,8 +73,7 @@ class PipelineRun:
         excluded = changes.excluded_by_component(plan.source.component_names)
         validate(plan.num_lanes, topology.dp_size, topology.num_workers)
         self.start = restored.position if restored is not None else 0
-        lanes = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, self.start)
-        self.order = worker_lanes(lanes, topology.num_workers, topology.worker_id)
+        self.order = lane_order(plan, self.start, topology)
         self.turn = 0
         self.ended = False  # a hole ended this rank's stream (several dp ranks)
         self.procs = None
@@ -101,6 +103,10 @@ class PipelineRun:
             for lane in self.order
         }
         self.delivered: dict[int, Delivery] = {lane: s.initial for lane, s in self.streams.items()}
+        # each lane's encoded state, kept until the lane changes: adoptions counted here,
+        # the producer's changes by its ledger (checkpoint/lane_cache.py)
+        self.adopted = dict.fromkeys(self.order, 0)
+        self.lane_cache = LaneCache()
         self.shipped: dict[int, int] = {}  # lane -> next chunk id already sent as a delta
         self._deltas = 0  # deltas sent (a worker ships its counters with some of them)
         self.pump: Pump | None = None
@@ -184,6 +190,7 @@ class PipelineRun:
         return out.payload
 
     def _adopt(self, lane: int, out: Output) -> None:
+        self.adopted[lane] += 1
         if out.state is not None:
             self.delivered[lane] = out.state
             self.streams[lane].ledger.trim(out.state.floor)
@@ -196,6 +203,17 @@ class PipelineRun:
 
     def lane_states(self) -> dict[int, LaneState]:
         return {lane: self.lane_state(lane) for lane in self.order}
+
+    def encoded(self) -> EncodedState:
+        """:meth:`snapshot`, encoded: only the lanes that changed since the last call are
+        encoded again (``checkpoint/lane_cache.py``)."""
+        cache, streams, adopted = self.lane_cache, self.streams, self.adopted
+        lanes = {}
+        for lane in self.order:
+            # the version first: a chunk registered meanwhile leaves a stale version
+            version = (streams[lane].ledger.version, adopted[lane])
+            lanes[lane] = cache.encoded(lane, version, partial(self.lane_state, lane))
+        return EncodedState(state_at(self.plan, self.position(), {}, self.changes), lanes)
 
     def position(self) -> int:
         """Global position reached by every rank (ranks advance in lockstep)."""
@@ -273,6 +291,28 @@ class PipelineRun:
                 t.join(max(0.0, deadline - time.monotonic()))
             ended = ended and not t.is_alive()
         return ended
+
+
+def lane_order(plan: Plan, start: int, topology: Topology) -> list[int]:
+    """The lanes a run from global position ``start`` serves here, in turn order."""
+    lanes = rank_lanes(plan.num_lanes, topology.dp_size, topology.dp_rank, start)
+    return worker_lanes(lanes, topology.num_workers, topology.worker_id)
+
+
+def unstarted(
+    plan: Plan, restored: PipelineState | None, topology: Topology, changes: DataChanges
+) -> PipelineState:
+    """What :meth:`PipelineRun.snapshot` of a run of these arguments gives before its first
+    output, without building the run (no operators, threads or workers): a fresh handle's
+    state, e.g. DCP's load template."""
+    start = restored.position if restored is not None else 0
+    lanes = {}
+    for lane in lane_order(plan, start, topology):
+        state = restored.lanes[lane] if restored is not None else None
+        source = None if state else plan.source.open_lane(lane, plan.num_lanes, plan.seed)
+        state = start_state(plan, lane, state, source)
+        lanes[lane] = LaneLedger(state).snapshot(state.progress())
+    return state_at(plan, start, lanes, changes)
 
 
 def initial_state(plan: Plan, lanes: list[int], position: int = 0) -> PipelineState:

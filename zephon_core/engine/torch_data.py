@@ -24,12 +24,15 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..checkpoint import lane_cache
 from ..checkpoint.data_changes import NO_CHANGES, DataChanges
+from ..checkpoint.lane_cache import EncodedState, LaneCache
 from ..checkpoint.state import LaneDelta, LaneState, PipelineState
 from ..distributed.finite_end import is_finite, step_agreement
 from ..distributed.topology import Topology, rank_lanes, validate
@@ -116,6 +119,9 @@ class RankConsumer:
         self.mirrors: dict[int, LaneState] = {
             lane: initial.lanes[lane].copy() for lane in self.order
         }
+        # each mirror's encoded state, kept until a delta changes it (checkpoint/lane_cache.py)
+        self.versions = dict.fromkeys(self.order, 0)
+        self.lane_cache = LaneCache()
 
     def apply(self, delta: LaneDelta, served: bool = True) -> None:
         # A worker whose lanes all ended stops, and the DataLoader no longer shows its
@@ -133,6 +139,7 @@ class RankConsumer:
         mirror = self.mirrors[delta.lane]
         self.undo.append((delta.lane, mirror.copy(), served, taken))
         mirror.apply(delta)
+        self.versions[delta.lane] += 1
         self.turn += 1
         self.served += served
         if delta.stats is not None:  # the latest counters of the worker that sent it
@@ -157,7 +164,27 @@ class RankConsumer:
     def snapshot(self, served: int | None = None) -> PipelineState:
         """The state right after the first ``served`` batches (default: all handed out)."""
         states = {lane: m.copy() for lane, m in self.mirrors.items()}
-        turn = self.turn
+        turn, rewound = self._rewound(served)
+        states.update(rewound)
+        return state_at(self.plan, self.position(turn), states, self.changes)
+
+    def encoded(self, served: int | None = None) -> EncodedState:
+        """:meth:`snapshot`, encoded: a mirror is encoded again only after a delta changed
+        it; a lane rewound to before a read-ahead batch is encoded afresh."""
+        turn, rewound = self._rewound(served)
+        cache, versions, mirrors = self.lane_cache, self.versions, self.mirrors
+        lanes = {
+            lane: lane_cache.encode_lane(rewound[lane])
+            if lane in rewound
+            else cache.encoded(lane, versions[lane], partial(mirrors[lane].copy))
+            for lane in self.order
+        }
+        return EncodedState(state_at(self.plan, self.position(turn), {}, self.changes), lanes)
+
+    def _rewound(self, served: int | None) -> tuple[int, dict[int, LaneState]]:
+        """The turn right after the first ``served`` batches, and the lanes whose state
+        then was another than their mirror's (from the read-ahead undo entries)."""
+        turn, states = self.turn, {}
         if served is not None and served != self.served:
             if served > self.served:
                 raise ConfigError(
@@ -175,10 +202,10 @@ class RankConsumer:
             for lane, before, was_batch, taken in reversed(entries):
                 if back == 0:
                     break
-                states[lane] = before
+                states[lane] = before.copy()
                 turn -= taken
                 back -= was_batch
-        return state_at(self.plan, self.position(turn), states, self.changes)
+        return turn, states
 
     def stats(self) -> dict[str, Any]:
         mirrors = list(self.mirrors.values())
@@ -279,6 +306,9 @@ class ZephonDataLoader(StreamHandle, DataLoader):
 
     def _local_state(self, served: int | None) -> PipelineState:
         return self.consumer.snapshot(served)
+
+    def _encoded_state(self, served: int | None) -> EncodedState:
+        return self.consumer.encoded(served)
 
     def _started(self) -> bool:
         return self.consumer.served > 0 or self.consumer.turn > 0 or bool(self._live)

@@ -7,7 +7,8 @@ state right after it and the boundary that follows it, under one lock, so a
 snapshot is always consistent: replaying the ledger's chunks and then
 continuing the source from its saved state yields the original chunk
 sequence. The consuming side trims chunks below the floor of the last output
-it took.
+it took. ``version`` counts the changes, so that an owner caching the lane's encoded
+state (``checkpoint/lane_cache.py``) encodes it again only after one.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ class LaneLedger:
         self._source_state = state.source
         self.next_chunk_id = state.next_chunk
         self._prior = state.prior  # fixed for the run (a re-mix's old targets)
+        #: bumped (under the lock) by every change; read it before :meth:`snapshot`
+        self.version = 0
 
     def register(
         self, chunk: WorkChunk, source_state: dict[str, Any], boundary_after: bool
     ) -> None:
         with self._lock:
+            self.version += 1
             self._chunks.append(chunk)
             self._source_state = source_state
             self.next_chunk_id = chunk.chunk_id + 1
@@ -45,10 +49,12 @@ class LaneLedger:
 
     def mark_exhausted(self, source_state: dict[str, Any]) -> None:
         with self._lock:
+            self.version += 1
             self._source_state = source_state
 
     def trim(self, floor: int) -> None:
         with self._lock:
+            self.version += 1
             chunks = self._chunks
             while chunks and chunks[0].chunk_id < floor:
                 chunks.popleft()
