@@ -64,9 +64,14 @@ class Output(NamedTuple):
 
 
 def pointer_records(chunk: WorkChunk) -> list[Record]:
-    lane, cid = chunk.lane, chunk.chunk_id
+    lane, cid, new = chunk.lane, chunk.chunk_id, tuple.__new__
+    # tuple.__new__ builds the same named tuples without their Python-level constructor
     recs = [
-        Record((comp, row), SampleCursor(lane, cid, i, 0), [Contributor(cid, i, 0, True, comp, 0)])
+        Record(
+            (comp, row),
+            new(SampleCursor, (lane, cid, i, 0)),
+            [new(Contributor, (cid, i, 0, True, comp, 0))],
+        )
         for i, (comp, row) in enumerate(zip(chunk.components, chunk.rows))
     ]
     for i in chunk.dropped:  # excluded when the chunk was read: closed, never fetched

@@ -34,7 +34,7 @@ from .batch_provenance import OriginTable, record_segments, segments_array
 from .pack import PackOp
 from .packed_batch import ATTENTION_MODES, MASK_DTYPES
 from .split import SplitOp
-from .token_batch import TokenBatch
+from .token_batch import TokenBatch, tensors
 
 
 class BatchOp(Operator):
@@ -197,23 +197,35 @@ class BatchOp(Operator):
             )
         b = len(seqs)
         lens = np.asarray(lengths, dtype=np.int64)
-        try:
-            joined = np.concatenate(seqs) if b > 1 else np.asarray(seqs[0])
-        except ValueError:  # arrays of different dimensions
-            joined = np.zeros((0, 0))
-        if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
-            check_tokens(self, records, key, joined)
+        packed = "segment_lengths" in payloads[0]
+        seglens = [p["segment_lengths"] for p in payloads] if packed else None
+        fast = not self.compact and _same_int_rows(seqs)
+        if not fast:
+            try:
+                joined = np.concatenate(seqs) if b > 1 else np.asarray(seqs[0])
+            except ValueError:  # arrays of different dimensions
+                joined = np.zeros((0, 0))
+            if joined.dtype.kind not in "iu" or joined.ndim != 1:  # floats: truncated silently
+                check_tokens(self, records, key, joined)
         n_tokens = sum(lengths)
         self.rows += b
         self.total_tokens += b * width
         self.pad_tokens += b * width - n_tokens
-        packed = "segment_lengths" in payloads[0]
+        if fast:  # in-process: the rows go straight into the tensors (one copy, not two)
+            out = tensors(
+                seqs, lens, width, self.pad_id, seglens, self.attention, self.mask_dtype,
+                self.flash_kwargs,
+            )  # fmt: skip
+            provenance = self._provenance()
+            if provenance is not None:
+                out["provenance"] = torch.from_numpy(provenance)
+            return out
         tb = TokenBatch(
             joined,
             lens,
             width,
             self.pad_id,
-            [p["segment_lengths"] for p in payloads] if packed else None,
+            seglens,
             self.attention,
             self.mask_dtype,
             self.flash_kwargs,
@@ -241,3 +253,18 @@ class BatchOp(Operator):
             if getattr(self, "packed", False)
             else {}
         )
+
+
+def _same_int_rows(seqs: list) -> bool:
+    """All rows 1-D integer arrays of one dtype: the values their concatenation would hold
+    (anything else takes the concatenating path, which names what is wrong)."""
+    first = seqs[0]
+    if type(first) is not np.ndarray:
+        return False
+    dtype = first.dtype
+    if dtype.kind not in "iu":
+        return False
+    for s in seqs:
+        if type(s) is not np.ndarray or s.dtype != dtype or s.ndim != 1:
+            return False
+    return True

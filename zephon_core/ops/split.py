@@ -18,6 +18,9 @@ from .base import Operator, OpTraits, token_array
 #: the largest token id split accepts for bos_id / eos_id (int32's maximum)
 MAX_TOKEN_ID = 2**31 - 1
 
+#: builds a named tuple from a tuple without its Python-level constructor (hot path)
+_new = tuple.__new__
+
 
 class SplitOp(Operator):
     """Cuts ``payload[key]`` into consecutive fragments of at most ``max_len`` tokens.
@@ -62,11 +65,8 @@ class SplitOp(Operator):
         n = len(tokens)
         max_len = self.max_len
         if n <= max_len:  # most documents: one child, the record itself with its count
-            return [
-                Record(
-                    payload, record.cursor, [Contributor(chunk_id, offset, 0, True, component, n)]
-                )
-            ]
+            contributor = _new(Contributor, (chunk_id, offset, 0, True, component, n))
+            return [Record(payload, record.cursor, [contributor])]
         lane = record.cursor.lane
         last = (n - 1) // max_len
         key = self.key
@@ -81,8 +81,8 @@ class SplitOp(Operator):
             out.append(
                 Record(
                     child,
-                    SampleCursor(lane, chunk_id, offset, i),
-                    [Contributor(chunk_id, offset, i, i == last, component, hi - lo)],
+                    _new(SampleCursor, (lane, chunk_id, offset, i)),
+                    [_new(Contributor, (chunk_id, offset, i, i == last, component, hi - lo))],
                 )
             )
         return out

@@ -7,8 +7,9 @@ DataLoader worker that built them would ship ~10-20x the bytes of the tokens (65
 ``batch`` emits this instead -- the rows' real tokens back to back, in the narrowest
 integer type that holds them exactly (uint16 for vocabularies under 65,536), and the
 lengths -- and the training process builds the tensors (``build``) right before handing
-the batch out. In-process the same ``build`` runs at once, so both paths give identical
-tensors.
+the batch out. In-process ``batch`` hands its rows to :func:`tensors` at once (no
+concatenation first); ``build`` cuts the received tokens into the same rows and calls it,
+so both paths give identical tensors.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from .packed_batch import packed_fields
 
-__all__ = ["TokenBatch", "narrow"]
+__all__ = ["TokenBatch", "narrow", "tensors"]
 
 
 def narrow(tokens: np.ndarray) -> np.ndarray:
@@ -63,22 +64,14 @@ class TokenBatch:
         return out
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        b = len(self.lens)
-        ids = np.full((b, self.width), self.pad_id, dtype=np.int64)
-        at = 0
-        for r, n in enumerate(self.lens.tolist()):  # each row's tokens are a prefix of it
-            ids[r, :n] = self.tokens[at : at + n]
+        rows, at, tokens = [], 0, self.tokens
+        for n in self.lens.tolist():  # each row's tokens, back to back
+            rows.append(tokens[at : at + n])
             at += n
-        if self.seglens is not None:
-            return packed_fields(
-                ids, self.lens, self.seglens, self.attention, self.mask_dtype, self.flash_kwargs
-            )
-        maskb = np.arange(self.width)[None, :] < self.lens[:, None]
-        return {
-            "input_ids": torch.from_numpy(ids),
-            "labels": torch.from_numpy(np.where(maskb, ids, -100)),
-            "attention_mask": torch.from_numpy(maskb.astype(np.int64)),
-        }
+        return tensors(
+            rows, self.lens, self.width, self.pad_id, self.seglens,
+            self.attention, self.mask_dtype, self.flash_kwargs,
+        )  # fmt: skip
 
     def for_wire(self) -> TokenBatch:
         """This batch with its tokens narrowed for the pipe (values unchanged)."""
@@ -86,3 +79,30 @@ class TokenBatch:
             narrow(self.tokens), self.lens, self.width, self.pad_id, self.seglens,
             self.attention, self.mask_dtype, self.flash_kwargs, self.provenance,
         )  # fmt: skip
+
+
+def tensors(
+    rows: list[np.ndarray],
+    lens: np.ndarray,
+    width: int,
+    pad_id: int,
+    seglens: list[np.ndarray] | None,
+    attention: str,
+    mask_dtype: str,
+    flash_kwargs: bool,
+) -> dict[str, torch.Tensor]:
+    """The tensors of a batch of 1-D integer ``rows`` (``lens[r] == len(rows[r])``), each
+    padded with ``pad_id`` to ``width`` (see :class:`TokenBatch` for the rest)."""
+    ids = np.empty((len(rows), width), dtype=np.int64)
+    for r, row in enumerate(rows):  # each value written once: the row, then its padding
+        n = len(row)
+        ids[r, :n] = row
+        ids[r, n:] = pad_id
+    if seglens is not None:
+        return packed_fields(ids, lens, seglens, attention, mask_dtype, flash_kwargs)
+    maskb = np.arange(width)[None, :] < lens[:, None]
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "labels": torch.from_numpy(np.where(maskb, ids, -100)),
+        "attention_mask": torch.from_numpy(maskb.astype(np.int64)),
+    }
