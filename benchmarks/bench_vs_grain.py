@@ -2,8 +2,8 @@
 column (cut, restore, compare) for both.
 
 1. The bar, byte tokens: 0.7/0.3 mixture of prose and code -> byte tokens -> fragments
-   of <= 512 -> shuffle buffer 64 -> first-fit pack 512 (8 bins) -> batch 8, one
-   process; Grain with its own operators (``FlatMapIterDataset`` splits documents,
+   of <= 512 -> shuffle buffer 64 -> pack 512 (8 bins; Zephon's default best fit,
+   Grain's first fit) -> batch 8, one process; Grain with its own operators (``FlatMapIterDataset`` splits documents,
    ``WindowShuffleIterDataset``, ``FirstFitPackIterDataset``). Turning bytes into tokens
    costs next to nothing, so this is a pure-overhead figure: what each framework's own
    machinery costs per batch.
@@ -308,7 +308,8 @@ def tables(result: dict) -> list[dict]:
             IN_MEMORY,
             "Byte tokens cost next to nothing, so this is each framework's own cost per "
             "batch, not what a trainer with a real tokenizer sees (next table). 0.7/0.3 "
-            "prose/code, split 512, shuffle 64, first-fit pack 512 (8 bins), batch 8. "
+            "prose/code, split 512, shuffle 64, pack 512 (8 bins: Zephon best fit, its default; "
+            "Grain first fit, its packer), batch 8. "
             f"Window {cfg['bar_window']} batches after {cfg['bar_warmup']}; {method} "
             f"{grain_choice} Exactness: checkpoint (Zephon) or get_state (Grain) at several "
             "batches, restored into a freshly built pipeline (set_state on a fresh iterator "

@@ -1,7 +1,8 @@
 """The real-tokenizer workload of the throughput benchmarks, and its bare loop.
 
 0.7/0.3 prose/code (document weights) -> byte-level BPE (``tokenizers``, vocab 8192,
-trained here on the embedded corpus) -> split to <= 2048 -> first-fit pack 2048 (8 bins)
+trained here on the embedded corpus) -> split to <= 2048 -> pack 2048 (8 bins; Zephon
+best fit, its default; the bare loop first fit)
 -> shuffle (buffer 64) -> batch 8; Zephon with 8 lanes (1/2/4/8 workers divide them),
 a flush every 2 chunks of 16 documents. The bare loop does the same steps with numpy and
 no framework; both give the same batch keys (``input_ids``, ``labels``,
