@@ -350,16 +350,7 @@ def mosaic_child(mode: str, cfg: dict) -> None:
 
         clean_stale_shared_memory()
         t0 = time.perf_counter()
-        ds = streaming.StreamingDataset(
-            remote=cfg["remote"],
-            local=cfg["local"],
-            shuffle=True,
-            shuffle_algo="py1e",
-            shuffle_seed=SEED,
-            shuffle_block_size=cfg["block_size"],
-            num_canonical_nodes=LANES,
-            batch_size=MOSAIC_BATCH,
-        )
+        ds = _mosaic_dataset(streaming, cfg)
         built_s = time.perf_counter() - t0
         rows, chars = 0, 0
         t0 = time.perf_counter()
@@ -407,13 +398,9 @@ def _batch_digest(texts: list[str]) -> str:
     return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
 
-def _mosaic_exact(streaming: Any, mode: str, cfg: dict) -> dict:
-    """Mosaic's documented resume: ``StreamingDataLoader.state_dict()`` after a cut,
-    ``load_state_dict()`` on a fresh dataset and loader (in a fresh process)."""
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-    ds = streaming.StreamingDataset(
+def _mosaic_dataset(streaming: Any, cfg: dict) -> Any:
+    """Mosaic's dataset as both the timed read and the exactness check build it."""
+    return streaming.StreamingDataset(
         remote=cfg["remote"],
         local=cfg["local"],
         shuffle=True,
@@ -423,6 +410,15 @@ def _mosaic_exact(streaming: Any, mode: str, cfg: dict) -> dict:
         num_canonical_nodes=LANES,
         batch_size=MOSAIC_BATCH,
     )
+
+
+def _mosaic_exact(streaming: Any, mode: str, cfg: dict) -> dict:
+    """Mosaic's documented resume: ``StreamingDataLoader.state_dict()`` after a cut,
+    ``load_state_dict()`` on a fresh dataset and loader (in a fresh process)."""
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    ds = _mosaic_dataset(streaming, cfg)
     loader = streaming.StreamingDataLoader(
         ds, batch_size=MOSAIC_BATCH, num_workers=cfg["workers"]
     )
@@ -897,7 +893,7 @@ _NOTE = (
 def _spread(x: dict, unit: str = "") -> str:
     import rounds
 
-    return rounds.Spread(x["median"], x["min"], x["max"], x["n"]).fmt(2, unit)
+    return rounds.cell(x, 2, unit)
 
 
 def _speed_table(s: dict, exact: dict) -> dict:

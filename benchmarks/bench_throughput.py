@@ -209,13 +209,7 @@ def main(quick: bool = False) -> dict[str, Any]:
 
 
 # -- tables ---------------------------------------------------------------------------------
-def _s(x: dict, digits: int = 2, unit: str = "") -> str:
-    return rounds.Spread(x["median"], x["min"], x["max"], x["n"]).fmt(digits, unit)
-
-
-def _load(load: list) -> str:
-    vals = [v for pair in load for v in pair]
-    return f"{min(vals):.2f}-{max(vals):.2f}"
+_s, _load = rounds.cell, rounds.load_range
 
 
 def _rate_table(title: str, sec: dict, base_name: str, note: str) -> dict:

@@ -55,6 +55,17 @@ class Spread:
         return {"median": self.median, "min": self.lo, "max": self.hi, "n": self.n}
 
 
+def cell(x: dict, digits: int = 2, unit: str = "") -> str:
+    """A :class:`Spread` in its JSON form (``to_json``), formatted for a table."""
+    return Spread(x["median"], x["min"], x["max"], x["n"]).fmt(digits, unit)
+
+
+def load_range(load: list) -> str:
+    """``"1.20-3.40"``: the lowest and highest load average of rounds' (before, after)."""
+    vals = [v for pair in load for v in pair]
+    return f"{min(vals):.2f}-{max(vals):.2f}"
+
+
 @dataclass
 class Rounds:
     """What :func:`run` measured: per variant one sample per round, and each round's load."""

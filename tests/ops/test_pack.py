@@ -283,15 +283,20 @@ def test_pipeline_matches_the_model(lanes, k, chunk_size, seq_len, bins, strateg
         assert len(g["input_ids"]) <= seq_len
 
 
-def _model_groups(sizes, flush_after, seq_len, bins):
-    """Independent first-fit on fragment sizes; returns emitted groups of indices."""
+def first_fit_bin(fill, n, seq_len):
+    """The lowest-index bin with room for ``n``, or None."""
+    return next((j for j in range(len(fill)) if fill[j] + n <= seq_len), None)
+
+
+def model_groups(sizes, flush_after, seq_len, bins, choose=first_fit_bin):
+    """Independent online packing on fragment sizes (``choose`` picks a bin with room, or
+    None: then the fullest bin, ties to the lowest index, is emitted); returns emitted
+    groups of indices."""
     out, slots = [], [[] for _ in range(bins)]
     fill = [0] * bins
     for i, n in enumerate(sizes):
-        if n == 0:
-            pass
-        else:
-            j = next((j for j in range(bins) if fill[j] + n <= seq_len), None)
+        if n:
+            j = choose(fill, n, seq_len)
             if j is None:
                 j = max(range(bins), key=lambda b: (fill[b], -b))
                 out.append(slots[j])
@@ -321,7 +326,7 @@ def test_pack_matches_first_fit_model(seq_len, bins, data):
         if i in flush_after:
             got += groups(op.flush())
             assert not pending(op)
-    assert got == _model_groups(sizes, flush_after, seq_len, bins)
+    assert got == model_groups(sizes, flush_after, seq_len, bins)
     rest = groups(op.flush())
     emitted = sorted(i for g in got + rest for i in g)
     assert emitted == [i for i, n in enumerate(sizes) if n > 0]  # nothing lost or doubled

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opkit import feed, pending, rec, run, token_source
-from test_pack import frags, groups, packer
+from test_pack import model_groups, frags, groups, packer
 
 from zephon_core import Pipeline
 from zephon_core.errors import IncompatibleCheckpoint
@@ -55,27 +55,15 @@ def test_ties_and_the_no_room_rule():
     assert not pending(op)
 
 
+def best_fit_bin(fill, n, seq_len):
+    """The fullest bin with room for ``n`` (ties: the lowest index), or None."""
+    fits = [j for j in range(len(fill)) if fill[j] + n <= seq_len]
+    return min(fits, key=lambda b: (seq_len - fill[b], b)) if fits else None
+
+
 def _model_best_fit(sizes, flush_after, seq_len, bins):
     """Independent best fit on fragment sizes; returns emitted groups of indices."""
-    out, slots, fill = [], [[] for _ in range(bins)], [0] * bins
-    for i, n in enumerate(sizes):
-        if n:
-            fits = [j for j in range(bins) if fill[j] + n <= seq_len]
-            if fits:
-                j = min(fits, key=lambda b: (seq_len - fill[b], b))
-            else:
-                j = min(range(bins), key=lambda b: (-fill[b], b))
-                out.append(slots[j])
-                slots[j], fill[j] = [], 0
-            slots[j] = slots[j] + [i]
-            fill[j] += n
-            if fill[j] == seq_len:
-                out.append(slots[j])
-                slots[j], fill[j] = [], 0
-        if i in flush_after:
-            out += [s for s in slots if s]
-            slots, fill = [[] for _ in range(bins)], [0] * bins
-    return out
+    return model_groups(sizes, flush_after, seq_len, bins, choose=best_fit_bin)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
