@@ -294,8 +294,9 @@ def tables(result: dict) -> list[dict]:
     best = real["best_in_process"]
     method = (
         f"{cfg['rounds']} interleaved rounds (order rotated per round), each ratio taken "
-        "within a round; median (min-max) over the rounds. Real tokens are counted in the "
-        "delivered batches (padding excluded)."
+        "within a round; median (min-max) over the rounds. Real tokens (padding excluded) are "
+        "counted in one untimed pass over the same, deterministic batches; the timed pass "
+        "drops each batch as a trainer does."
     )
     out = [
         _rate_table(

@@ -287,7 +287,8 @@ def tables(result: dict) -> list[dict]:
     cfg = result["config"]
     method = (
         f"{cfg['rounds']} interleaved rounds (order rotated per round), each ratio taken "
-        "within a round; median (min-max) over the rounds."
+        "within a round; median (min-max) over the rounds. Real tokens are counted in one "
+        "untimed pass over the same, deterministic batches."
     )
     grain_choice = (
         "Grain reads the in-memory lists with ReadOptions(num_threads=0): its ReadOptions "

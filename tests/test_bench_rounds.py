@@ -94,20 +94,28 @@ class _Counted:
         self.closed = True
 
 
-def test_window_times_only_the_window_and_counts_after_it():
+def test_window_times_only_the_window_and_counts_in_one_untimed_pass():
     built: list[_Counted] = []
 
     def build() -> _Counted:
         built.append(_Counted(100))
         return built[-1]
 
-    sample = rounds.window(
-        build, size=10, warmup=5, count=lambda kept: {"sum": float(sum(kept))}, keep=lambda x: x
-    )()
-    assert sample["items"] == 10.0
-    assert sample["sum"] == float(sum(range(5, 15)))  # items 5..14: after the warm-up
-    assert sample["seconds"] >= 0.0
-    assert built[0].closed
+    counts: list[list] = []
+
+    def count(kept: list) -> dict[str, float]:
+        counts.append(kept)
+        return {"sum": float(sum(kept))}
+
+    sample = rounds.window(build, size=10, warmup=5, count=count)
+    first, second = sample(), sample()
+    assert first["items"] == second["items"] == 10.0
+    # items 5..14: after the warm-up, counted once (the untimed pass), reused after
+    assert first["sum"] == second["sum"] == float(sum(range(5, 15)))
+    assert counts == [list(range(5, 15))]
+    assert len(built) == 3  # the counting pass, then one timed pass per sample
+    assert all(b.closed for b in built)
+    assert first["seconds"] >= 0.0
 
 
 def test_window_refuses_an_iterable_shorter_than_the_window():
