@@ -89,6 +89,14 @@ class Rounds:
         """``value`` per unit of ``count`` (e.g. main-process CPU seconds per batch)."""
         return Spread.of(s[value] / s[count] for s in self.samples[name])
 
+    def cost_ratio(self, name: str, base: str, value: str, count: str) -> Spread:
+        """``value`` per ``count`` of ``name`` over that of ``base``, round by round (e.g.
+        how many times the bare loop's CPU per batch a variant spends)."""
+        a, b = self.samples[name], self.samples[base]
+        return Spread.of(
+            (x[value] / x[count]) / (y[value] / y[count]) for x, y in zip(a, b)
+        )
+
     def mean(self, name: str, value: str, count: str) -> float:
         """``value`` over ``count`` summed across rounds (e.g. the padding fraction)."""
         s = self.samples[name]

@@ -60,6 +60,15 @@ def test_per_gives_cost_per_unit():
     )
 
 
+def test_cost_ratio_pairs_costs_of_the_same_round():
+    # round 2 is slow for both: its ratio is still 2, while a ratio of medians would mix
+    # round 1's variant with round 3's base
+    a = [{"cpu_seconds": c, "batches": 10.0} for c in (2.0, 20.0, 4.0)]
+    b = [{"cpu_seconds": c, "batches": 10.0} for c in (1.0, 10.0, 2.0)]
+    r = _fake({"a": a, "b": b}).cost_ratio("a", "b", "cpu_seconds", "batches")
+    assert (r.median, r.lo, r.hi) == (2.0, 2.0, 2.0)
+
+
 def test_run_calls_in_rotated_order_and_records_load_per_round():
     calls: list[str] = []
     loads = itertools.count(1.0)
