@@ -6,15 +6,22 @@
   ``DataLoaderDispatcher`` (one process, its default for iterable datasets).
 * ``callback_no_dispatch``: the same with ``dispatch_batches=False``.
 
-Rounds alternate so drift on a shared machine hits all alike; the median is reported.
+The three run in interleaved rounds (``rounds.py``: order rotated, each ratio taken
+within a round) so that drift on a shared machine hits all alike.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 
-from common import bar_pipeline, rate
+import rounds
+from common import bar_pipeline
+
+# window: batches timed per variant and round; warmup: batches skipped first (the
+# Trainer's loader and the pipeline's first chunks)
+FULL = dict(window=1500, warmup=20, rounds=5)
+QUICK = dict(window=100, warmup=20, rounds=3)
+BASE = "zephon_loader"
 
 
 def _callback_loader(tmp: str, dispatch: bool):
@@ -58,49 +65,61 @@ def _callback_loader(tmp: str, dispatch: bool):
     return loader
 
 
-def main(quick: bool = False, n: int = 1500, rounds: int = 5) -> dict:
-    n, rounds = (100, 2) if quick else (n, rounds)
+def main(quick: bool = False) -> dict:
+    cfg = QUICK if quick else FULL
     import tempfile
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    rates: dict[str, list[float]] = {
-        "zephon_loader": [],
-        "callback": [],
-        "callback_no_dispatch": [],
-    }
     with tempfile.TemporaryDirectory() as tmp:
         builds = {
-            "zephon_loader": lambda: bar_pipeline().dataloader(),
+            BASE: lambda: bar_pipeline().dataloader(),
             "callback": lambda: _callback_loader(tmp, True),
             "callback_no_dispatch": lambda: _callback_loader(tmp, False),
         }
-        for _ in range(rounds):
-            for name, build in builds.items():
-                rates[name].append(rate(build, n, warmup=20))
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    return {
-        "batches_per_s": {k: round(v) for k, v in med.items()},
-        "callback_vs_zephon_loader": round(med["callback"] / med["zephon_loader"], 2),
-        "no_dispatch_vs_zephon_loader": round(
-            med["callback_no_dispatch"] / med["zephon_loader"], 2
-        ),
-    }
-
-
-_NOTE = (
-    "Batches/s, median over rounds run in a fixed order (not rotated); one process, no "
-    "model work."
-)
+        r = rounds.run(
+            {k: rounds.window(b, cfg["window"], cfg["warmup"]) for k, b in builds.items()},
+            cfg["rounds"],
+        )
+    rows = [
+        {
+            "variant": name,
+            "batches_per_s": r.rate(name, "items").to_json(),
+            "cpu_s_per_batch": r.per(name, "cpu_seconds", "items").to_json(),
+            f"vs_{BASE}": r.ratio(name, BASE, "items").to_json(),
+        }
+        for name in builds
+    ]
+    return {"config": cfg, "quick": quick, "rows": rows, "load": r.load}
 
 
 def tables(result: dict) -> list[dict]:
     """The result as tables for ``docs/measurements.md``."""
-    from report import flat_tables
-
-    return flat_tables(result, _NOTE)
+    cfg, s = result["config"], rounds.cell
+    window = (
+        f"Window {cfg['window']} batches after {cfg['warmup']} of warm-up per variant and round."
+    )
+    return [
+        {
+            "title": "Batches a Trainer receives: ZephonTrainer's loader vs ZephonCallback",
+            "columns": ["variant", "batches/s", "CPU us/batch", f"vs {BASE} (within round)"],
+            "rows": [
+                [
+                    r["variant"],
+                    s(r["batches_per_s"], 0),
+                    s(r["cpu_s_per_batch"], 0, scale=1e6),
+                    s(r[f"vs_{BASE}"], 2, "x"),
+                ]
+                for r in result["rows"]
+            ],
+            "note": "The bar pipeline; one process, no model work (CPU: this process's, all "
+            "its threads). "
+            + rounds.method(cfg["rounds"], result["load"], window, result["quick"]),
+        }
+    ]
 
 
 if __name__ == "__main__":
     import json
+    import sys
 
-    print(json.dumps(main(), indent=2))
+    print(json.dumps(main(quick="--quick" in sys.argv), indent=2))

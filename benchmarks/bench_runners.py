@@ -1,19 +1,30 @@
 """Runners for a GIL-bound user function: inline vs threads vs processes.
 
 A pure-Python tokenizer (a per-character loop, as slow Python tokenizers are) in
-``map(..., parallelism=2)`` on the embedded mixture; batches/s after warm-up, median
-of alternating rounds. Threads cannot run it in parallel (the GIL); processes can.
+``map(..., parallelism=2)`` on the embedded mixture; batches/s after warm-up in
+interleaved rounds (``rounds.py``), each ratio taken within a round. Threads cannot run
+it in parallel (the GIL); processes can.
 """
 
 from __future__ import annotations
 
-import statistics
 from functools import partial
 
 import numpy as np
-from common import mixture_source, rate
+import rounds
+from common import mixture_source
 
 from zephon_core import Pipeline
+
+# window: batches timed per variant and round (~1 s: a rate over many chunks); warmup:
+# batches skipped first (worker processes' start-up)
+FULL = dict(window=600, warmup=10, rounds=5)
+QUICK = dict(window=60, warmup=10, rounds=3)
+CONFIGS = {
+    "inline": ("threads", 1),
+    "threads_p2": ("threads", 2),
+    "processes_p2": ("processes", 2),
+}
 
 
 def slow_tokenize(payload: dict) -> dict:
@@ -39,39 +50,64 @@ def build(runner: str, parallelism: int) -> Pipeline:
     )
 
 
-def main(quick: bool = False, n: int = 600, rounds: int = 2) -> dict:
-    n, rounds = (60, 1) if quick else (n, rounds)
-    configs = {
-        "inline": ("threads", 1),
-        "threads_p2": ("threads", 2),
-        "processes_p2": ("processes", 2),
-    }
-    rates: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(rounds):
-        for name, (runner, p) in configs.items():
-            rates[name].append(rate(partial(build, runner, p), n, warmup=10))
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    return {
-        "batches_per_s": {k: round(v, 1) for k, v in med.items()},
-        "processes_vs_threads": round(med["processes_p2"] / med["threads_p2"], 2),
-        "processes_vs_inline": round(med["processes_p2"] / med["inline"], 2),
-    }
-
-
-_NOTE = (
-    "A GIL-bound pure-Python tokenizer in map(parallelism=2); batches/s, median over rounds "
-    "in a fixed order."
-)
+def main(quick: bool = False) -> dict:
+    cfg = QUICK if quick else FULL
+    r = rounds.run(
+        {
+            name: rounds.window(partial(build, *how), cfg["window"], cfg["warmup"])
+            for name, how in CONFIGS.items()
+        },
+        cfg["rounds"],
+    )
+    rows = [
+        {
+            "variant": name,
+            "batches_per_s": r.rate(name, "items").to_json(),
+            "main_cpu_s_per_batch": r.per(name, "cpu_seconds", "items").to_json(),
+            "vs_inline": r.ratio(name, "inline", "items").to_json(),
+            "vs_threads_p2": r.ratio(name, "threads_p2", "items").to_json(),
+        }
+        for name in CONFIGS
+    ]
+    return {"config": cfg, "quick": quick, "rows": rows, "load": r.load}
 
 
 def tables(result: dict) -> list[dict]:
     """The result as tables for ``docs/measurements.md``."""
-    from report import flat_tables
-
-    return flat_tables(result, _NOTE)
+    cfg, s = result["config"], rounds.cell
+    rows = [
+        [
+            r["variant"],
+            s(r["batches_per_s"], 1),
+            s(r["main_cpu_s_per_batch"], 2, scale=1000),
+            s(r["vs_inline"], 2, "x"),
+            s(r["vs_threads_p2"], 2, "x"),
+        ]
+        for r in result["rows"]
+    ]
+    window = (
+        f"Window {cfg['window']} batches after {cfg['warmup']} of warm-up per variant and round."
+    )
+    return [
+        {
+            "title": "A GIL-bound map: inline, threads and processes",
+            "columns": [
+                "variant",
+                "batches/s",
+                "main-process CPU ms/batch",
+                "vs inline (within round)",
+                "vs threads_p2 (within round)",
+            ],
+            "rows": rows,
+            "note": "A pure-Python tokenizer in map(parallelism=2) (inline: parallelism 1); "
+            "processes_p2 vs threads_p2 is what the process runner buys over the GIL. "
+            + rounds.method(cfg["rounds"], result["load"], window, result["quick"]),
+        }
+    ]
 
 
 if __name__ == "__main__":
     import json
+    import sys
 
-    print(json.dumps(main(), indent=2))
+    print(json.dumps(main(quick="--quick" in sys.argv), indent=2))

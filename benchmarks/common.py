@@ -82,16 +82,3 @@ def rate(build: Callable[[], Any], n: int, warmup: int) -> float:
 def throughput(build: Callable[[], Pipeline], n: int, warmup: int = 50, repeats: int = 3) -> float:
     """Best-of-``repeats`` outputs/s over ``n`` outputs after ``warmup``."""
     return max(rate(build, n, warmup) for _ in range(repeats))
-
-
-def paired_throughput(
-    builds: dict[str, Callable[[], Pipeline]], n: int, warmup: int = 50, rounds: int = 8
-) -> dict[str, list[float]]:
-    """Outputs/s of each variant per round, variants interleaved round by round (order
-    alternating) so that machine noise hits all of them alike."""
-    rates: dict[str, list[float]] = {name: [] for name in builds}
-    names = list(builds)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            rates[name].append(rate(builds[name], n, warmup))
-    return rates

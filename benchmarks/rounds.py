@@ -47,17 +47,20 @@ class Spread:
         return cls(statistics.median(vals), min(vals), max(vals), len(vals))
 
     def fmt(self, digits: int = 2, unit: str = "") -> str:
-        """``"1.23x (1.10-1.31)"``: median, then min-max over the rounds."""
+        """``"1.23x (1.10-1.31)"``: median, then min-max over the rounds (``"to"`` between
+        them when the min is negative: ``"(-3.1 to 4.0)"``)."""
         f = f"{{:,.{digits}f}}"
-        return f"{f.format(self.median)}{unit} ({f.format(self.lo)}-{f.format(self.hi)})"
+        sep = " to " if self.lo < 0 else "-"
+        return f"{f.format(self.median)}{unit} ({f.format(self.lo)}{sep}{f.format(self.hi)})"
 
     def to_json(self) -> dict[str, float]:
         return {"median": self.median, "min": self.lo, "max": self.hi, "n": self.n}
 
 
-def cell(x: dict, digits: int = 2, unit: str = "") -> str:
-    """A :class:`Spread` in its JSON form (``to_json``), formatted for a table."""
-    return Spread(x["median"], x["min"], x["max"], x["n"]).fmt(digits, unit)
+def cell(x: dict, digits: int = 2, unit: str = "", scale: float = 1.0) -> str:
+    """A :class:`Spread` in its JSON form (``to_json``), formatted for a table; ``scale``
+    converts the unit (1000: seconds shown as ms)."""
+    return Spread(*(scale * x[k] for k in ("median", "min", "max")), x["n"]).fmt(digits, unit)
 
 
 def load_range(load: list) -> str:
@@ -174,3 +177,16 @@ def window(
         return {"seconds": wall, "cpu_seconds": cpu, "items": float(size)} | counted
 
     return sample
+
+
+def method(n: int, load: list, window: str, quick: bool = False) -> str:
+    """The method sentence of a table's note: ``n`` rounds, ``window`` (what was timed per
+    variant and round, after what warm-up) and the range of the rounds' ``load``."""
+    out = (
+        f"{n} interleaved rounds (order rotated per round), each ratio taken within a round; "
+        f"median (min-max) over the rounds. {window} Load average (1 min) over the rounds: "
+        f"{load_range(load)}."
+    )
+    if quick:  # a smoke run's windows are shorter than the pipelines' bursts
+        out += " A quick run: windows too short to be rates, the figures only show it runs."
+    return out

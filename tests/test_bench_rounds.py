@@ -27,6 +27,21 @@ def test_spread_is_median_with_min_max():
     assert (s.median, s.lo, s.hi, s.n) == (3.0, 1.0, 10.0, 5)
     assert s.fmt(1, "x") == "3.0x (1.0-10.0)"
     assert rounds.Spread.of([1500.0, 1200.0]).fmt(0) == "1,350 (1,200-1,500)"
+    assert rounds.Spread.of([-3.0, 1.0, 4.0]).fmt(1, " %") == "1.0 % (-3.0 to 4.0)"
+
+
+def test_cell_scales_a_spread_for_its_unit():
+    x = rounds.Spread(0.002, 0.001, 0.003, 3).to_json()
+    assert rounds.cell(x, 1, " ms", scale=1000) == "2.0 ms (1.0-3.0)"
+
+
+def test_method_names_rounds_window_load_and_a_quick_run():
+    load = [(1.0, 2.5), (0.5, 1.2)]
+    full = rounds.method(2, load, "Window 10 batches.")
+    assert full.startswith("2 interleaved rounds")
+    assert "Window 10 batches." in full and "0.50-2.50" in full
+    assert "quick run" not in full
+    assert "quick run" in rounds.method(2, load, "", quick=True)
 
 
 def _fake(samples: dict[str, list[dict]]) -> rounds.Rounds:
