@@ -92,28 +92,42 @@ def bench_checkpoint(at: int = 1000, calls: int = 200) -> dict:
     }
 
 
-def _checkpoint_at(at: int) -> bytes:
+#: each position is measured at a few nearby cuts, summed: which documents a cut's
+#: inflight chunks hold (long code files or short prose) varies cut to cut, and a single
+#: cut would compare contents, not positions
+NEARBY = (0, 7, 19, 31)
+
+
+def _checkpoints_near(at: int) -> list[bytes]:
+    """States taken at ``at + d`` batches for each ``d`` in :data:`NEARBY`, in one run."""
     pipe = reference_pipeline()
     it = iter(pipe)
-    for _ in itertools.islice(it, at):
-        pass
-    data = codec.encode(pipe.checkpoint())
+    out, done = [], 0
+    for d in NEARBY:
+        for _ in itertools.islice(it, at + d - done):
+            pass
+        done = at + d
+        out.append(codec.encode(pipe.checkpoint()))
     pipe.close()
-    return data
+    return out
 
 
-def _restore(data: bytes):
-    """A rounds variant: restore ``data`` into a fresh pipeline, time to its first batch."""
+def _restore(states: list[bytes]):
+    """A rounds variant: restore each state into a fresh pipeline, time to its first batch;
+    the sample sums over the states."""
 
     def sample() -> rounds.Sample:
-        fresh = reference_pipeline()
-        t0 = time.perf_counter()
-        fresh.load_state_dict(codec.decode(data))
-        next(iter(fresh))
-        wall = time.perf_counter() - t0
-        replayed = fresh.chunks_replayed
-        fresh.close()
-        return {"seconds": wall, "chunks_replayed": float(replayed)}
+        wall = cpu = replayed = 0.0
+        for data in states:
+            fresh = reference_pipeline()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fresh.load_state_dict(codec.decode(data))
+            next(iter(fresh))
+            wall += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+            replayed += fresh.chunks_replayed
+            fresh.close()
+        return {"seconds": wall, "cpu_seconds": cpu, "chunks_replayed": replayed}
 
     return sample
 
@@ -121,20 +135,27 @@ def _restore(data: bytes):
 def bench_restore(ats: tuple[int, ...], n_rounds: int) -> dict:
     """Restore from each checkpoint once per round; each time ratio against the first
     checkpoint's restore in the same round."""
-    data = {at: _checkpoint_at(at) for at in ats}
+    data = {at: _checkpoints_near(at) for at in ats}
     r = rounds.run({str(at): _restore(data[at]) for at in ats}, n_rounds)
+    k = len(NEARBY)
     base = r.samples[str(ats[0])]
     rows = [
         {
             "at": at,
             "ms_to_first_batch": rounds.Spread.of(
-                1000 * s["seconds"] for s in r.samples[str(at)]
+                1000 * s["seconds"] / k for s in r.samples[str(at)]
             ).to_json(),
             "time_vs_first": rounds.Spread.of(
                 s["seconds"] / b["seconds"] for s, b in zip(r.samples[str(at)], base)
             ).to_json(),
-            "chunks_replayed": int(r.samples[str(at)][0]["chunks_replayed"]),
-            "bytes": len(data[at]),
+            "cpu_ms_per_chunk_replayed": rounds.Spread.of(
+                1000 * s["cpu_seconds"] / s["chunks_replayed"] for s in r.samples[str(at)]
+            ).to_json(),
+            "cpu_per_chunk_vs_first": r.cost_ratio(
+                str(at), str(ats[0]), "cpu_seconds", "chunks_replayed"
+            ).to_json(),
+            "chunks_replayed": r.samples[str(at)][0]["chunks_replayed"] / k,
+            "bytes": sum(len(d) for d in data[at]) / k,
         }
         for at in ats
     ]
@@ -244,6 +265,8 @@ def _restore_table(sec: dict) -> dict:
             "ms to first batch",
             f"time vs at {first:,} (within round)",
             "chunks replayed",
+            "CPU ms per chunk replayed",
+            f"CPU per chunk vs at {first:,} (within round)",
             "checkpoint bytes",
         ],
         "rows": [
@@ -251,16 +274,21 @@ def _restore_table(sec: dict) -> dict:
                 f"{r['at']:,}",
                 _s(r["ms_to_first_batch"], 1),
                 _s(r["time_vs_first"], 2, "x"),
-                str(r["chunks_replayed"]),
-                f"{r['bytes']:,}",
+                f"{r['chunks_replayed']:.1f}",
+                _s(r["cpu_ms_per_chunk_replayed"], 1),
+                _s(r["cpu_per_chunk_vs_first"], 2, "x"),
+                f"{r['bytes']:,.0f}",
             ]
             for r in sec["rows"]
         ],
         "note": "reference_pipeline, restored into a freshly built pipeline (load_state_dict, "
-        "then the first batch); each round restores from every checkpoint once. Bounded "
+        f"then the first batch); each position is {len(NEARBY)} cuts (at + "
+        f"{', '.join(map(str, NEARBY))} batches), figures per cut; each round restores "
+        "from every checkpoint once. Bounded "
         "recovery predicts a time set by the chunks replayed (in flight at the cut), not "
-        "by how far into the stream the cut is. "
-        + rounds.method(sec["rounds"], sec["load"], "One restore per checkpoint and round."),
+        "by how far into the stream the cut is: the CPU per chunk replayed (this process, all "
+        "its threads) is the figure to compare. "
+        + rounds.method(sec["rounds"], sec["load"], "One restore per cut and round."),
     }
 
 
