@@ -246,7 +246,9 @@ def tables(result: dict) -> list[dict]:
             BARE,
             "The workload of bpe_workload.py: 0.7/0.3 prose/code, BPE 8192 (trained on the "
             "embedded corpus) called on 16 documents at a time, split/pack 2048 (8 bins), "
-            "batch 8. HF configured per the datasets docs: to_iterable_dataset(num_shards=8) "
+            "batch 8. Zephon: bpe_workload's pipeline as it is (8 lanes, chunks of 16, "
+            "prefetch 3, best-fit packing; its dataloader's 2 workers divide the lanes). "
+            "HF configured per the datasets docs: to_iterable_dataset(num_shards=8) "
             "per corpus (repeated), interleave_datasets with probabilities [0.7, 0.3] "
             "(stopping_strategy all_exhausted; the sources repeat, so it never stops), "
             f"shuffle(seed, buffer_size={SHUFFLE_DOCS}) on documents (the docs shuffle before "
