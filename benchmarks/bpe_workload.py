@@ -136,6 +136,39 @@ def collate(rows: list[tuple[np.ndarray, list[int]]]) -> dict[str, torch.Tensor]
     }
 
 
+class FirstFitPacker:
+    """First fit of fragments (<= SEQ tokens) into BINS open rows; a fragment that fits in
+    none closes the fullest row. A row is ``(tokens, segment lengths)``, what
+    :func:`collate` takes."""
+
+    def __init__(self) -> None:
+        self.fill, self.parts = [0] * BINS, [[] for _ in range(BINS)]
+
+    def emit(self, b: int) -> tuple[np.ndarray, list[int]]:
+        parts = self.parts[b]
+        toks = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        self.fill[b], self.parts[b] = 0, []
+        return toks, [len(p) for p in parts]
+
+    def pack(self, frag: np.ndarray) -> list:
+        """The rows ``frag`` completes or pushes out (zero, one or two)."""
+        fill, parts, n = self.fill, self.parts, len(frag)
+        for b in range(BINS):
+            if fill[b] + n <= SEQ:
+                parts[b].append(frag)
+                fill[b] += n
+                return [self.emit(b)] if fill[b] == SEQ else []
+        b = max(range(BINS), key=fill.__getitem__)
+        out = [self.emit(b)]
+        parts[b].append(frag)
+        fill[b] = n
+        return out + [self.emit(b)] if n == SEQ else out
+
+    def flush(self) -> list:
+        """The open rows, in bin order (a packer used per batch of documents ends so)."""
+        return [self.emit(b) for b in range(BINS) if self.parts[b]]
+
+
 class BareLoop:
     """Mixture -> tokenize 16 documents at a time -> split -> first-fit pack (8 bins) ->
     64-slot shuffle buffer -> batches of 8, with numpy and nothing else."""
@@ -168,35 +201,16 @@ class BareLoop:
             yield picks
 
     def _batches(self) -> Iterator[dict]:
-        fill, parts = [0] * BINS, [[] for _ in range(BINS)]
+        packer = FirstFitPacker()
         shuffle: list = []
         draws: list[int] = []
         rows: list = []
-
-        def emit(b: int) -> tuple[np.ndarray, list[int]]:
-            toks = np.concatenate(parts[b]) if len(parts[b]) > 1 else parts[b][0]
-            row = (toks, [len(p) for p in parts[b]])
-            fill[b], parts[b] = 0, []
-            return row
-
-        def pack(frag: np.ndarray) -> list:
-            n = len(frag)
-            for b in range(BINS):
-                if fill[b] + n <= SEQ:
-                    parts[b].append(frag)
-                    fill[b] += n
-                    return [emit(b)] if fill[b] == SEQ else []
-            b = max(range(BINS), key=fill.__getitem__)
-            out = [emit(b)]
-            parts[b].append(frag)
-            fill[b] = n
-            return out + [emit(b)] if n == SEQ else out
 
         for picks in self._documents():
             self.documents += len(picks)
             for ids in self.encode(picks):
                 for lo in range(0, len(ids), SEQ):
-                    for row in pack(ids[lo : lo + SEQ]):
+                    for row in packer.pack(ids[lo : lo + SEQ]):
                         if len(shuffle) < SHUFFLE:
                             shuffle.append(row)
                             continue

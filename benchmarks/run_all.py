@@ -32,6 +32,7 @@ import report  # noqa: E402
 MODULES = {
     "throughput": "Throughput with a real tokenizer",
     "vs_grain": "Zephon and Grain",
+    "vs_hf_datasets": "Zephon and HF datasets",
     "padding": "Padding",
     "state_cost": "State cost and lanes",
     "parquet": "Parquet in object storage",
