@@ -12,8 +12,8 @@
   TCPStore (real processes, loopback);
 * the per-batch cost of carrying lane state from DataLoader workers (deltas
   produced and applied, pickled size), measured against iterating the same
-  pipeline directly;
-* throughput with 2 DataLoader workers vs none.
+  pipeline directly, in interleaved rounds;
+* throughput with 2 DataLoader workers vs none, in interleaved rounds (``rounds.py``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import tempfile
 import time
 
 import bench_dcp
+import rounds
 import torch.multiprocessing as mp
-from common import reference_pipeline, throughput
+from common import reference_pipeline
 
 
 def _free_port() -> int:
@@ -79,11 +80,11 @@ def bench_aggregation(rounds: int = 20) -> dict:
     return res
 
 
-def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
+def bench_state_carrying(n: int = 3000, n_rounds: int = 6) -> dict:
     """Producer-side deltas plus consumer-side mirroring per batch vs iterating alone."""
     from zephon_core.engine.torch_data import RankConsumer
 
-    def run_once(carry: bool) -> float:
+    def run_once(carry: bool) -> rounds.Sample:
         p = reference_pipeline(prefetch=0, parallelism=1)
         run = iter(p).run
         consumer = RankConsumer(p.compile(), p.topology(), None) if carry else None
@@ -91,19 +92,16 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
             next(run)
             if carry:
                 consumer.apply(run.delta(run.last_lane))
-        t0 = time.process_time()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n):
             next(run)
             if carry:
                 consumer.apply(run.delta(run.last_lane))
-        dt = time.process_time() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         p.close()
-        return dt
+        return {"seconds": wall, "cpu_seconds": cpu, "batches": float(n)}
 
-    plain, carried = [], []
-    for r in range(rounds):
-        for carry in (False, True) if r % 2 == 0 else (True, False):
-            (carried if carry else plain).append(run_once(carry))
+    r = rounds.run({"plain": lambda: run_once(False), "carried": lambda: run_once(True)}, n_rounds)
     p = reference_pipeline(prefetch=0, parallelism=1)
     run = iter(p).run
     sizes = []
@@ -111,33 +109,42 @@ def bench_state_carrying(n: int = 3000, rounds: int = 6) -> dict:
         next(run)
         sizes.append(len(pickle.dumps(run.delta(run.last_lane))))
     p.close()
-    per_batch_us = 1e6 * (statistics.median(carried) - statistics.median(plain)) / n
     return {
-        "cost_per_batch_us": round(per_batch_us, 1),
-        "cost_pct_of_cpu_time": round(
-            100 * (statistics.median(carried) / statistics.median(plain) - 1), 1
-        ),
+        "batches": n,
+        "load": r.load,
+        # both within a round: CPU seconds per batch carried minus (over) plain
+        "cost_cpu_s_per_batch": r.diff_per("carried", "plain", "cpu_seconds", "batches").to_json(),
+        "carried_vs_plain_cpu": r.cost_ratio(
+            "carried", "plain", "cpu_seconds", "batches"
+        ).to_json(),
         "delta_bytes_pickled_median": int(statistics.median(sizes)),
         "delta_bytes_pickled_max": max(sizes),
     }
 
 
-def bench_workers(n: int = 2000) -> dict:
+def bench_workers(n: int = 2000, warmup: int = 50, n_rounds: int = 5) -> dict:
     def build(w):
-        p = reference_pipeline(prefetch=3, parallelism=1)
-        return _LoaderWorkers(p, w)
+        return _LoaderWorkers(reference_pipeline(prefetch=3, parallelism=1), w)
 
-    w0 = throughput(lambda: build(0), n, repeats=2)
-    w2 = throughput(lambda: build(2), n, repeats=2)
+    # + 4 for W=2: the batches its workers prefetched while the first was awaited
+    r = rounds.run(
+        {
+            "W0": rounds.window(lambda: build(0), n, warmup),
+            "W2": rounds.window(lambda: build(2), n, warmup + 4),
+        },
+        n_rounds,
+    )
     return {
-        "W0_batches_per_s": round(w0),
-        "W2_batches_per_s": round(w2),
-        "speedup_W2_vs_W0": round(w2 / w0, 2),
+        "batches": n,
+        "load": r.load,
+        "W0_batches_per_s": r.rate("W0", "items").to_json(),
+        "W2_batches_per_s": r.rate("W2", "items").to_json(),
+        "speedup_W2_vs_W0": r.ratio("W2", "W0", "items").to_json(),
     }
 
 
 class _LoaderWorkers:
-    """Adapts pipe.dataloader(num_workers=w) to the throughput() helper."""
+    """pipe.dataloader(num_workers=w) as rounds.window takes it: iterable, with close()."""
 
     def __init__(self, pipe, w):
         self.pipe = pipe
@@ -382,8 +389,13 @@ def _trainer_layouts() -> list[dict]:
 
 
 def main(quick: bool = False) -> dict:
-    if quick:  # the round at the smallest scale only
-        return {"aggregation_scale": bench_round_scale(dps=(8,), s3_dp=0)}
+    if quick:  # the round at the smallest scale; the side-by-side pairs on short windows
+        return {
+            "quick": True,
+            "aggregation_scale": bench_round_scale(dps=(8,), s3_dp=0),
+            "state_carrying": bench_state_carrying(n=300, n_rounds=3),
+            "workers": bench_workers(n=100, warmup=10, n_rounds=3),
+        }
     return {
         "aggregation_scale": bench_round_scale(),
         "dcp_vs_round_processes": bench_dcp.run(1024, 2),
@@ -394,19 +406,87 @@ def main(quick: bool = False) -> dict:
     }
 
 
-_NOTE = (
-    "Simulated ranks in threads of one process (an upper bound of what D machines take)."
-)
+#: per result key: the table's title (the docs link to the first) and its note
+_FLAT = {
+    "aggregation_scale": (
+        "Checkpoints at 1024 lanes",
+        "Simulated ranks in threads of one process (an upper bound of what D machines take). "
+        "Each D is a separate configuration measured once, one after the other (no rounds): "
+        "the ratios D-largest vs D-smallest are of two single measurements.",
+    ),
+    "dcp_vs_round_processes": (
+        "dcp_vs_round_processes",
+        "Real processes (bench_dcp.py), each figure measured once; no ratio is taken.",
+    ),
+    "trainer_layouts": ("trainer_layouts", "Sizes, and times measured once (no ratio)."),
+    "aggregation": (
+        "aggregation",
+        "Round latency in real processes (loopback), median and max over the rounds of one "
+        "run per configuration; no ratio is taken.",
+    ),
+}
 
 
 def tables(result: dict) -> list[dict]:
     """The result as tables for ``docs/measurements.md``."""
-    from report import flat_tables
+    from report import flat_table
 
-    out = flat_tables(result, _NOTE)
-    for table in out:  # the docs link to this heading
-        if table["title"] == "aggregation_scale":
-            table["title"] = "Checkpoints at 1024 lanes"
+    quick = result.get("quick", False)
+    out = [
+        flat_table(title, result[key], note)
+        for key, (title, note) in _FLAT.items()
+        if key in result
+    ]
+    if "state_carrying" in result:
+        sc = result["state_carrying"]
+        out.append(
+            {
+                "title": "Carrying lane state from DataLoader workers, per batch",
+                "columns": ["what", "value"],
+                "rows": [
+                    [
+                        "CPU added per batch, us",
+                        rounds.cell(sc["cost_cpu_s_per_batch"], 1, scale=1e6),
+                    ],
+                    ["CPU carried / plain", rounds.cell(sc["carried_vs_plain_cpu"], 3, "x")],
+                    [
+                        "delta pickled, bytes (median / max)",
+                        f"{sc['delta_bytes_pickled_median']:,} / {sc['delta_bytes_pickled_max']:,}",
+                    ],
+                ],
+                "note": "The reference pipeline iterated in process (no pump), with and "
+                "without producing each batch's delta and applying it to a consumer's "
+                "mirror; this process's CPU; the difference is taken within a round too. "
+                + rounds.method(
+                    len(sc["load"]),
+                    sc["load"],
+                    f"{sc['batches']:,} batches per variant and round after 50 of warm-up.",
+                    quick,
+                ),
+            }
+        )
+    if "workers" in result:
+        w = result["workers"]
+        out.append(
+            {
+                "title": "dataloader(num_workers=2) vs num_workers=0",
+                "columns": ["W=0 batches/s", "W=2 batches/s", "W=2 / W=0"],
+                "rows": [
+                    [
+                        rounds.cell(w["W0_batches_per_s"], 0),
+                        rounds.cell(w["W2_batches_per_s"], 0),
+                        rounds.cell(w["speedup_W2_vs_W0"], 2, "x"),
+                    ]
+                ],
+                "note": "The reference pipeline (byte tokens). "
+                + rounds.method(
+                    len(w["load"]),
+                    w["load"],
+                    f"{w['batches']:,} batches per variant and round after a warm-up.",
+                    quick,
+                ),
+            }
+        )
     return out
 
 

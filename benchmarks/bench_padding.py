@@ -20,7 +20,8 @@ The library's defaults (``flush_every_k_chunks=None`` -> 4, ``pack(bins=8)``, th
 ``chunk_size=64``) are measured beside the grid's chunks of 16, for both strategies.
 
 Pack's own CPU per fragment (first fit vs best fit, 8 and 64 bins): the operator alone over
-the demo corpus's fragments, variants interleaved over rounds.
+the demo corpus's fragments, in interleaved rounds (``rounds.py``: order rotated per round,
+each ratio taken within a round, median and min-max over the rounds).
 
 Replay cost, measured on the examples' 4 lanes with ``batch(8)`` and the real tokenizer
 (replay re-tokenizes): checkpoints at several steps; per checkpoint the chunks a restore
@@ -45,6 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import rounds  # noqa: E402
 from bench_throughput import BpeTokenize, LookupIds, train_tokenizer  # noqa: E402
 
 from zephon_core import Pipeline, StaticMixtureWorkSource  # noqa: E402
@@ -187,7 +189,8 @@ def _fragments(fn: LookupIds, n_docs: int) -> list[Record]:
     return out
 
 
-def _pack_us(frags: list[Record], bins: int, strategy: str, flush_every: int) -> float:
+def _pack(frags: list[Record], bins: int, strategy: str, flush_every: int) -> rounds.Sample:
+    """One pass of the operator over ``frags``, timed from the first fragment in."""
     op = PackOp(SEQ, bins, strategy=strategy)
     op.bind(OpContext(seed=SEED, index=0, component_names=("demo",), weights=(1.0,)))
     lane = op.for_lane(0)
@@ -198,29 +201,40 @@ def _pack_us(frags: list[Record], bins: int, strategy: str, flush_every: int) ->
             lane.flush()
             lane = op.for_lane(0)  # as a flush does: a fresh instance
     lane.flush()
-    return 1e6 * (time.perf_counter() - t0) / len(frags)
+    return {"seconds": time.perf_counter() - t0, "fragments": float(len(frags))}
 
 
-def pack_cpu(fn: LookupIds, quick: bool, rounds: int) -> dict[str, dict]:
+def _variant(bins: int, strategy: str) -> str:
+    return f"{strategy}, {bins} bins"
+
+
+def pack_cpu(fn: LookupIds, quick: bool, n_rounds: int) -> dict[str, Any]:
     frags = _fragments(fn, 800 if quick else 4000)
     flush_every = 4 * CHUNK * len(frags) // (800 if quick else 4000)  # ~ k=4: 64 documents
-    variants = [(b, s) for b in (8, 64) for s in STRATEGIES]
-    us: dict[tuple, list[float]] = {v: [] for v in variants}
-    for r in range(rounds):
-        for v in variants if r % 2 == 0 else reversed(variants):
-            us[v].append(_pack_us(frags, *v, flush_every))
-    base = us[(8, "first_fit")]
+    grid = [(b, s) for b in (8, 64) for s in STRATEGIES]
+    r = rounds.run(
+        {_variant(b, s): lambda b=b, s=s: _pack(frags, b, s, flush_every) for b, s in grid},
+        n_rounds,
+    )
+    base = _variant(8, "first_fit")
     return {
-        f"{s}, {b} bins": {
-            "us_per_fragment_median": round(statistics.median(us[(b, s)]), 2),
-            "us_per_fragment_min_max": [round(min(us[(b, s)]), 2), round(max(us[(b, s)]), 2)],
-            # the ratio within each round, then its median
-            "vs_first_fit_8_median": round(
-                statistics.median(x / y for x, y in zip(us[(b, s)], base)), 2
-            ),
-            "fragments": len(frags),
-        }
-        for b, s in variants
+        "fragments": len(frags),
+        "load": r.load,
+        "rows": [
+            {
+                "variant": _variant(b, s),
+                "s_per_fragment": r.per(_variant(b, s), "seconds", "fragments").to_json(),
+                # time per fragment over the base's and over first fit's at the same bins,
+                # both within a round
+                "vs_first_fit_8": r.cost_ratio(
+                    _variant(b, s), base, "seconds", "fragments"
+                ).to_json(),
+                "vs_first_fit_same_bins": r.cost_ratio(
+                    _variant(b, s), _variant(b, "first_fit"), "seconds", "fragments"
+                ).to_json(),
+            }
+            for b, s in grid
+        ],
     }
 
 
@@ -248,7 +262,7 @@ def _first_batch(build: Callable[[], Pipeline], state: dict) -> tuple[float, int
     return ms, docs
 
 
-def replay_costs(fn: Callable, quick: bool, rounds: int) -> dict[str, dict]:
+def replay_costs(fn: Callable, quick: bool, n_rounds: int) -> dict[str, dict]:
     variants = _replay_variants(quick)
     builds = {
         v: (lambda kn=kn: pipeline("demo", fn, lanes=REPLAY_LANES, batch=True, **kn))
@@ -266,7 +280,7 @@ def replay_costs(fn: Callable, quick: bool, rounds: int) -> dict[str, dict]:
     times: dict[str, list[float]] = {v: [] for v in variants}
     docs: dict[str, list[int]] = {v: [] for v in variants}
     names = list(variants)
-    for r in range(rounds):  # A B C ... then reversed: noise hits every variant alike
+    for r in range(n_rounds):  # A B C ... then reversed: noise hits every variant alike
         for v in names if r % 2 == 0 else reversed(names):
             for state in states[v]:
                 ms, d = _first_batch(builds[v], state)
@@ -291,8 +305,8 @@ def main(quick: bool = False) -> dict:
     tok, fn, lengths = lookup_table()
     grid = padding_grid(fn, lengths, quick)
     at_defaults = defaults(fn, lengths, quick)
-    cpu = pack_cpu(fn, quick, rounds=3 if quick else 7)
-    replay = replay_costs(tok, quick, rounds=2 if quick else 5)  # the tokenizer is replayed
+    cpu = pack_cpu(fn, quick, n_rounds=3 if quick else 7)
+    replay = replay_costs(tok, quick, n_rounds=2 if quick else 5)  # the tokenizer is replayed
     return {
         "workload": f"split/pack {SEQ}, chunks of {CHUNK}, 0.7/0.3 documents, BPE 8192 (ids "
         "looked up for the fractions and pack's CPU, tokenized for replay); shuffle after pack",
@@ -301,6 +315,7 @@ def main(quick: bool = False) -> dict:
         "defaults": at_defaults,
         "pack_cpu": cpu,
         "replay": replay,
+        "quick": quick,
         "seconds_total": round(time.perf_counter() - t0, 1),
         "load_average_start_end": [
             [round(x, 2) for x in load_start],
@@ -371,21 +386,32 @@ def tables(result: dict) -> list[dict]:
             "chunk_size 64 is StaticMixtureWorkSource's default, 16 the examples'.",
         }
     )
+    cpu = result["pack_cpu"]
     out.append(
         {
             "title": "pack's own CPU per fragment (demo corpus, a flush every 64 documents)",
-            "columns": ["strategy, bins", "us per fragment (median, min-max)", "vs first fit, 8"],
+            "columns": [
+                "strategy, bins",
+                "us per fragment",
+                "vs first fit, 8 bins",
+                "vs first fit, same bins",
+            ],
             "rows": [
                 [
-                    v,
-                    f"{r['us_per_fragment_median']:.2f} ({r['us_per_fragment_min_max'][0]:.2f}-"
-                    f"{r['us_per_fragment_min_max'][1]:.2f})",
-                    f"{r['vs_first_fit_8_median']:.2f}x",
+                    r["variant"],
+                    rounds.cell(r["s_per_fragment"], 2, scale=1e6),
+                    rounds.cell(r["vs_first_fit_8"], 2, "x"),
+                    rounds.cell(r["vs_first_fit_same_bins"], 2, "x"),
                 ]
-                for v, r in result["pack_cpu"].items()
+                for r in cpu["rows"]
             ],
-            "note": "the operator alone, fed the same fragments; variants interleaved "
-            f"(A B C D, then reversed) over rounds; load average {load[0][0]}-{load[1][0]}",
+            "note": "The operator alone; ratios of time per fragment. "
+            + rounds.method(
+                len(cpu["load"]),
+                cpu["load"],
+                f"Each variant packs the same {cpu['fragments']:,} fragments once per round.",
+                result.get("quick", False),
+            ),
         }
     )
     replay = result["replay"]

@@ -297,7 +297,7 @@ def _rate_table(title: str, sec: dict, base_name: str, note: str) -> dict:
 
 
 def _ms(x: dict) -> str:
-    return rounds.Spread(*(1000 * x[k] for k in ("median", "min", "max")), x["n"]).fmt(3)
+    return rounds.cell(x, 3, scale=1000)
 
 
 def _goal(sec: dict, best: str, quick: bool) -> str:

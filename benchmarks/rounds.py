@@ -90,14 +90,24 @@ class Rounds:
 
     def per(self, name: str, value: str, count: str) -> Spread:
         """``value`` per unit of ``count`` (e.g. main-process CPU seconds per batch)."""
-        return Spread.of(s[value] / s[count] for s in self.samples[name])
+        return Spread.of(self.pers(name, value, count))
+
+    def pers(self, name: str, value: str, count: str) -> list[float]:
+        """``value`` per unit of ``count`` of ``name``, one value per round."""
+        return [s[value] / s[count] for s in self.samples[name]]
+
+    def diff_per(self, name: str, base: str, value: str, count: str) -> Spread:
+        """``value`` per ``count`` of ``name`` minus that of ``base``, round by round (e.g.
+        the CPU seconds a feature adds per batch)."""
+        return Spread.of(
+            a - b for a, b in zip(self.pers(name, value, count), self.pers(base, value, count))
+        )
 
     def cost_ratio(self, name: str, base: str, value: str, count: str) -> Spread:
         """``value`` per ``count`` of ``name`` over that of ``base``, round by round (e.g.
         how many times the bare loop's CPU per batch a variant spends)."""
-        a, b = self.samples[name], self.samples[base]
         return Spread.of(
-            (x[value] / x[count]) / (y[value] / y[count]) for x, y in zip(a, b)
+            a / b for a, b in zip(self.pers(name, value, count), self.pers(base, value, count))
         )
 
     def mean(self, name: str, value: str, count: str) -> float:

@@ -145,3 +145,11 @@ def test_window_times_only_the_window_and_counts_in_one_untimed_pass():
 def test_window_refuses_an_iterable_shorter_than_the_window():
     with pytest.raises(RuntimeError, match="ended after 3 of 10"):
         rounds.window(lambda: _Counted(5), size=10, warmup=2)()
+
+
+def test_diff_per_pairs_values_of_the_same_round():
+    # on costs 10 % more CPU per batch than off in every round, while both swing 3x
+    off = [{"seconds": 1.0, "cpu_seconds": c, "batches": 100.0} for c in (1.0, 3.0, 2.0)]
+    on = [{"seconds": 1.0, "cpu_seconds": 1.1 * c, "batches": 100.0} for c in (1.0, 3.0, 2.0)]
+    added = _fake({"off": off, "on": on}).diff_per("on", "off", "cpu_seconds", "batches")
+    assert (added.median, added.lo, added.hi) == pytest.approx((0.002, 0.001, 0.003))
