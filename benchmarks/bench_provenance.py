@@ -134,18 +134,27 @@ def _ms(x: dict) -> str:
 
 
 def _goal(result: dict) -> str:
-    """The goal line: provenance costs <= 3 % of throughput with the real tokenizer."""
-    got = {r["workload"]: r["wall"]["on_vs_off"] for r in result["rows"]}
-    worst = max(got[REAL_ITERATE]["median"], got[REAL_WORKERS]["median"])
+    """The goal line: provenance costs <= 3 % of throughput with the real tokenizer.
+
+    Judged on the CPU provenance adds per batch (the lookup, one thread, on minus off in
+    the same round) over a real-tokenizer batch's CPU: the wall on/off ratio with the real
+    tokenizer moves by +-10-20 % from round to round (the tokenizer's own thread pool),
+    more than the 3 % it would have to resolve."""
+    share = result["added_cpu_of_real_tokenizer_batch"]
+    wall = {r["workload"]: r["wall"]["on_vs_off"] for r in result["rows"]}
     if result["quick"]:
         verdict = "not judged on a quick run's windows"
-    elif worst <= 1 + GOAL:
+    elif share["median"] <= GOAL:
         verdict = "met"
     else:
-        verdict = f"not met ({worst:.3f}x)"
+        verdict = f"not met ({100 * share['median']:.2f} %)"
     return (
-        f"Goal: provenance costs <= {100 * GOAL:.0f} % of throughput with the real tokenizer "
-        f"(wall on / off <= {1 + GOAL:.2f}, median): {verdict}."
+        f"Goal: provenance costs <= {100 * GOAL:.0f} % of throughput with the real tokenizer, "
+        f"judged on the CPU it adds per batch over a real-tokenizer batch's (next table: "
+        f"{rounds.cell(share, 2, ' %', 100)}): {verdict}. The wall on / off ratios with the "
+        f"real tokenizer ({rounds.cell(wall[REAL_ITERATE], 3, 'x')} in process, "
+        f"{rounds.cell(wall[REAL_WORKERS], 3, 'x')} with 2 workers) vary from round to round "
+        "by more than the goal: the tokenizer's own thread pool sets their spread."
     )
 
 
