@@ -2,8 +2,8 @@
 
 * tracking overhead: the same operator chain with checkpointing on vs off;
 * checkpoint() latency and bytes per lane;
-* restore-to-first-batch at output 100 vs 10,000 (bounded recovery: set by the chunks
-  replayed, not by the position);
+* restore-to-first-batch at batch 1,000 vs 10,000 and 100,000 (bounded recovery: set by
+  the chunks in flight, not by the position);
 * StaticMixtureWorkSource pointers/s and memory on a 10^9-row virtual dataset.
 """
 
@@ -35,10 +35,8 @@ PIPELINES = {
 def _extra(r: rounds.Rounds, value: str) -> dict:
     """How much more ``value`` (wall or CPU seconds) tracked spends per batch than
     untracked in the same round, in %."""
-    per = {k: [s[value] / s["items"] for s in r.samples[k]] for k in ("tracked", "untracked")}
-    return rounds.Spread.of(
-        100 * (t / u - 1) for t, u in zip(per["tracked"], per["untracked"])
-    ).to_json()
+    c = r.cost_ratio("tracked", "untracked", value, "items")
+    return rounds.Spread(100 * (c.median - 1), 100 * (c.lo - 1), 100 * (c.hi - 1), c.n).to_json()
 
 
 def bench_overhead(window: int, warmup: int, n_rounds: int) -> dict:
@@ -128,7 +126,12 @@ def _restore(states: list[bytes]):
             cpu += time.process_time() - c0
             replayed += fresh.chunks_replayed
             fresh.close()
-        return {"seconds": wall, "cpu_seconds": cpu, "chunks_replayed": replayed}
+        return {
+            "seconds": wall,
+            "cpu_seconds": cpu,
+            "chunks_replayed": replayed,
+            "cuts": float(len(states)),
+        }
 
     return sample
 
@@ -138,20 +141,14 @@ def bench_restore(ats: tuple[int, ...], n_rounds: int) -> dict:
     position's restore in the same round."""
     data = {at: _checkpoints_near(at) for at in ats}
     r = rounds.run({str(at): _restore(data[at]) for at in ats}, n_rounds)
-    k = len(NEARBY)
     base_at = ats[0]
-    base = r.samples[str(base_at)]
     rows = [
         {
             "at": at,
-            "ms_to_first_batch": rounds.Spread.of(
-                1000 * s["seconds"] / k for s in r.samples[str(at)]
-            ).to_json(),
-            "time_vs_first": rounds.Spread.of(
-                s["seconds"] / b["seconds"] for s, b in zip(r.samples[str(at)], base)
-            ).to_json(),
-            "chunks_replayed": r.samples[str(at)][0]["chunks_replayed"] / k,
-            "bytes": sum(len(d) for d in data[at]) / k,
+            "s_to_first_batch": r.per(str(at), "seconds", "cuts").to_json(),
+            "time_vs_first": r.cost_ratio(str(at), str(base_at), "seconds", "cuts").to_json(),
+            "chunks_replayed": r.per(str(at), "chunks_replayed", "cuts").median,
+            "bytes": sum(len(d) for d in data[at]) / len(NEARBY),
         }
         for at in ats
     ]
@@ -266,7 +263,7 @@ def _restore_table(sec: dict) -> dict:
         "rows": [
             [
                 f"{r['at']:,}",
-                _s(r["ms_to_first_batch"], 1),
+                _s(r["s_to_first_batch"], 1, scale=1000),
                 _s(r["time_vs_first"], 2, "x"),
                 f"{r['chunks_replayed']:.1f}",
                 f"{r['bytes']:,.0f}",

@@ -43,19 +43,17 @@ def main(quick: bool = False) -> dict:
     r = rounds.run(
         {
             # a pass: the method mapped over the chunks, one read per item
-            name: rounds.window(
-                lambda fn=fn: map(fn, batches),
-                cfg["window"],
-                cfg["warmup"],
-                count=lambda kept: {"rows": float(chunk * len(kept))},
-            )
+            name: rounds.window(lambda fn=fn: map(fn, batches), cfg["window"], cfg["warmup"])
             for name, fn in methods.items()
         },
         cfg["rounds"],
     )
     rows = [
-        {"method": name, "rows_per_s": r.rate(name, "rows").to_json()}
-        | {f"vs_{b}": r.ratio(name, b, "rows").to_json() for b in BASES}
+        {  # an item is one chunk of `chunk` rows
+            "method": name,
+            "rows_per_s": rounds.Spread.of(chunk * v for v in r.rates(name, "items")).to_json(),
+        }
+        | {f"vs_{b}": r.ratio(name, b, "items").to_json() for b in BASES}
         for name in methods
     ]
     return {"config": cfg, "quick": quick, "dataset_rows": len(ds), "rows": rows, "load": r.load}
